@@ -1,0 +1,3 @@
+from fleet_cli.main import main
+
+main()

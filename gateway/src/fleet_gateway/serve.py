@@ -1,0 +1,9 @@
+"""Granian's entry point: it imports `app` here in each gateway worker process."""
+
+from fleet_gateway.app import create_app
+from fleet_shared.config import load_settings
+from fleet_shared.logging import configure_logging
+
+settings = load_settings()
+configure_logging(settings.profile.observability, process="gateway")
+app = create_app(settings)

@@ -1,0 +1,28 @@
+# fleet task runner. `just --list` shows the recipes.
+
+# Start the embedded stack (private Redis, SQLite, gateway, one worker) on 127.0.0.1:8000.
+up profile="offline":
+    uv run fleet up --profile {{profile}}
+
+# Everything CI runs, on this machine.
+ci:
+    bash .ci/run
+
+# The test suite (needs Redis and PostgreSQL on 127.0.0.1, bwrap and Node).
+test *args:
+    uv run pytest {{args}}
+
+# Lint, format check and type check.
+check:
+    uv run ruff check .
+    uv run ruff format --check .
+    uv run mypy
+
+# Format the code.
+fmt:
+    uv run ruff check --fix .
+    uv run ruff format .
+
+# Migrate the database named by FLEET_DATABASE_URL to head.
+migrate:
+    uv run fleet db upgrade

@@ -1,0 +1,59 @@
+"""The async engine and session factory, tuned per backend (SQLite needs WAL and a busy timeout)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+# The revision the code expects. `tests/unit/shared/test_schema_head.py` fails if it drifts
+# from Alembic's head, so readiness never needs the migration scripts on disk.
+HEAD_REVISION = "0001_baseline"
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    if is_sqlite(url):
+        engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
+        event.listen(engine.sync_engine, "connect", sqlite_pragmas)
+        return engine
+    return create_async_engine(url, pool_pre_ping=True, **kwargs)
+
+
+def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets the gateway read while the worker writes; busy_timeout waits instead of failing.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    """The DB's Alembic revision, or None when the schema was never migrated."""
+    async with engine.connect() as conn:
+        try:
+            result = await conn.execute(text("SELECT version_num FROM alembic_version"))
+        except (OperationalError, ProgrammingError):
+            return None
+        row = result.first()
+        return None if row is None else str(row[0])
+
+
+async def is_at_head(engine: AsyncEngine) -> bool:
+    return await current_revision(engine) == HEAD_REVISION

@@ -1,0 +1,297 @@
+"""Queries and fenced writes: the only place that knows how Runs, Turns and Sessions are stored."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import msgspec
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from fleet_shared.db.models import Run, RunEventRow, Session, Turn, Workspace
+from fleet_shared.events import RunEvent, decode_event, encode_event, event_type
+from fleet_shared.ids import new_id
+from fleet_shared.run_state import ACTIVE_STATUSES, RunCommand, RunStatus, decide
+
+DEFAULT_WORKSPACE = "default"
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- sessions ---------------------------------------------------------------------------------
+
+
+async def default_workspace(db: AsyncSession) -> Workspace:
+    found = await db.scalar(select(Workspace).where(Workspace.name == DEFAULT_WORKSPACE))
+    if found is not None:
+        return found
+    try:
+        async with db.begin_nested():
+            workspace = Workspace(id=new_id(), name=DEFAULT_WORKSPACE, created_at=now())
+            db.add(workspace)
+        return workspace
+    except IntegrityError:  # another process created it first
+        found = await db.scalar(select(Workspace).where(Workspace.name == DEFAULT_WORKSPACE))
+        assert found is not None
+        return found
+
+
+async def create_session(db: AsyncSession, title: str) -> Session:
+    workspace = await default_workspace(db)
+    stamp = now()
+    session = Session(
+        id=new_id(),
+        workspace_id=workspace.id,
+        title=title,
+        status="active",
+        created_at=stamp,
+        updated_at=stamp,
+    )
+    db.add(session)
+    await db.commit()
+    return session
+
+
+async def get_session(db: AsyncSession, session_id: str) -> Session | None:
+    return await db.get(Session, session_id)
+
+
+async def list_sessions(
+    db: AsyncSession, *, status: str | None, search: str | None, limit: int, offset: int
+) -> tuple[Sequence[Session], int]:
+    query = select(Session)
+    if status:
+        query = query.where(Session.status == status)
+    if search:
+        pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        query = query.where(Session.title.ilike(pattern, escape="\\"))
+    total = await db.scalar(select(func.count()).select_from(query.subquery()))
+    rows = await db.scalars(query.order_by(Session.created_at.desc(), Session.id).limit(limit).offset(offset))
+    return rows.all(), int(total or 0)
+
+
+# --- claiming a Turn (gateway) ----------------------------------------------------------------
+
+
+class Claimed(msgspec.Struct, frozen=True):
+    run: Run
+    created: bool  # False: the same key and body named an existing Run (replay or attach)
+
+
+class ClaimRefused(msgspec.Struct, frozen=True):
+    reason: Literal["idempotency_key_mismatch", "turn_in_progress"]
+    run_id: str | None = None
+
+
+async def find_run_by_key(db: AsyncSession, session_id: str, key: str) -> Run | None:
+    return await db.scalar(select(Run).where(Run.session_id == session_id, Run.idempotency_key == key))
+
+
+async def active_run(db: AsyncSession, session_id: str) -> Run | None:
+    return await db.scalar(
+        select(Run).where(Run.session_id == session_id, Run.status.in_([s.value for s in ACTIVE_STATUSES]))
+    )
+
+
+async def claim_turn(
+    db: AsyncSession,
+    *,
+    session_id: str,
+    idempotency_key: str,
+    fingerprint: str,
+    text: str,
+    model: str,
+) -> Claimed | ClaimRefused:
+    """In one transaction: honour the key, insert the queued Run and the user Turn."""
+    existing = await find_run_by_key(db, session_id, idempotency_key)
+    if existing is not None:
+        return same_key_outcome(existing, fingerprint)
+    busy = await active_run(db, session_id)
+    if busy is not None:
+        return ClaimRefused("turn_in_progress", busy.id)
+    last = await db.scalar(select(func.max(Turn.sequence)).where(Turn.session_id == session_id))
+    user_sequence = int(last or 0) + 1
+    stamp = now()
+    run = Run(
+        id=new_id(),
+        session_id=session_id,
+        status=RunStatus.QUEUED.value,
+        attempt=0,
+        idempotency_key=idempotency_key,
+        request_fingerprint=fingerprint,
+        model=model,
+        user_sequence=user_sequence,
+        last_seq=0,
+        created_at=stamp,
+    )
+    db.add(run)
+    db.add(
+        Turn(
+            id=new_id(),
+            session_id=session_id,
+            run_id=run.id,
+            sequence=user_sequence,
+            role="user",
+            parts=[{"type": "text", "text": text}],
+            status="completed",
+            created_at=stamp,
+        )
+    )
+    try:
+        await db.commit()
+    except IntegrityError:
+        # A concurrent claim won the race: report what it holds, like the checks above.
+        await db.rollback()
+        existing = await find_run_by_key(db, session_id, idempotency_key)
+        if existing is not None:
+            return same_key_outcome(existing, fingerprint)
+        busy = await active_run(db, session_id)
+        return ClaimRefused("turn_in_progress", busy.id if busy else None)
+    return Claimed(run, created=True)
+
+
+def same_key_outcome(run: Run, fingerprint: str) -> Claimed | ClaimRefused:
+    if run.request_fingerprint != fingerprint:
+        return ClaimRefused("idempotency_key_mismatch", run.id)
+    return Claimed(run, created=False)
+
+
+# --- Run transitions (worker and gateway) -----------------------------------------------------
+
+
+async def get_run(db: AsyncSession, run_id: str) -> Run | None:
+    return await db.get(Run, run_id, populate_existing=True)
+
+
+async def apply_transition(
+    db: AsyncSession,
+    run_id: str,
+    current: RunStatus,
+    command: RunCommand,
+    *,
+    attempt: int | None = None,
+    values: dict[str, Any] | None = None,
+) -> bool:
+    """A fenced UPDATE: it only lands if the Run is still `current` (and `attempt`, if given)."""
+    decision = decide(current, command)
+    changes: dict[str, Any] = {"status": decision.target.value, **(values or {})}
+    if decision.bumps_attempt:
+        changes["attempt"] = Run.attempt + 1
+        changes["started_at"] = now()
+    if decision.target.value not in {s.value for s in ACTIVE_STATUSES}:
+        changes.setdefault("finished_at", now())
+    query = update(Run).where(Run.id == run_id, Run.status == decision.expected.value)
+    if attempt is not None:
+        query = query.where(Run.attempt == attempt)
+    result = await db.execute(query.values(**changes).execution_options(synchronize_session=False))
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+async def start_run(db: AsyncSession, run_id: str) -> Run | None:
+    """queued → running, bumping `attempt`; None when the Run is not queued (a duplicate job)."""
+    moved = await apply_transition(db, run_id, RunStatus.QUEUED, RunCommand.START)
+    await db.commit()
+    return await get_run(db, run_id) if moved else None
+
+
+async def fail_queued_run(db: AsyncSession, run_id: str, code: str, message: str) -> bool:
+    moved = await apply_transition(
+        db,
+        run_id,
+        RunStatus.QUEUED,
+        RunCommand.FAIL,
+        values={"failure_code": code, "failure_message": message},
+    )
+    await db.commit()
+    return moved
+
+
+class Settlement(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the worker commits at the end of a Run, in one transaction."""
+
+    run_id: str
+    session_id: str
+    attempt: int
+    current: RunStatus
+    command: RunCommand
+    sequence: int
+    parts: list[dict[str, Any]]
+    turn_status: str
+    events: list[RunEvent]
+    usage: dict[str, Any] | None = None
+    failure_code: str | None = None
+    failure_message: str | None = None
+
+
+async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
+    """Fenced by attempt and status: a late writer (an older attempt) changes nothing."""
+    moved = await apply_transition(
+        db,
+        s.run_id,
+        s.current,
+        s.command,
+        attempt=s.attempt,
+        values={
+            "usage": s.usage,
+            "failure_code": s.failure_code,
+            "failure_message": s.failure_message,
+            "last_seq": s.events[-1].seq if s.events else 0,
+        },
+    )
+    if not moved:
+        await db.rollback()
+        return False
+    db.add(
+        Turn(
+            id=new_id(),
+            session_id=s.session_id,
+            run_id=s.run_id,
+            sequence=s.sequence,
+            role="assistant",
+            parts=s.parts,
+            status=s.turn_status,
+            created_at=now(),
+        )
+    )
+    if s.events:
+        await db.execute(
+            insert(RunEventRow),
+            [
+                {
+                    "run_id": s.run_id,
+                    "seq": e.seq,
+                    "type": event_type(e),
+                    "payload": encode_event(e).decode(),
+                }
+                for e in s.events
+            ],
+        )
+    await db.commit()
+    return True
+
+
+# --- history ----------------------------------------------------------------------------------
+
+
+async def list_turns(db: AsyncSession, session_id: str, *, after_sequence: int, limit: int) -> Sequence[Turn]:
+    rows = await db.scalars(
+        select(Turn)
+        .where(Turn.session_id == session_id, Turn.sequence > after_sequence)
+        .order_by(Turn.sequence)
+        .limit(limit)
+    )
+    return rows.all()
+
+
+async def load_run_events(db: AsyncSession, run_id: str, after_seq: int = 0) -> list[RunEvent]:
+    rows = await db.scalars(
+        select(RunEventRow.payload)
+        .where(RunEventRow.run_id == run_id, RunEventRow.seq > after_seq)
+        .order_by(RunEventRow.seq)
+    )
+    return [decode_event(payload) for payload in rows]

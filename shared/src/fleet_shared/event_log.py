@@ -1,0 +1,44 @@
+"""A Run's event log in Redis: a Stream keyed by seq (the replay source) plus a pub/sub notify."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from fleet_shared import redis_keys
+from fleet_shared.events import RunEvent, decode_event, encode_event
+
+FIELD = b"e"
+
+
+def stream_id(seq: int) -> str:
+    """Stream entry ids are `<seq>-0`: ordered, and a second write of the same seq is refused."""
+    return f"{seq}-0"
+
+
+async def append(redis: Redis, event: RunEvent) -> None:
+    """Log the event, then announce it, in one MULTI so a reader never sees a notify first."""
+    payload = encode_event(event)
+    key = redis_keys.run_events(event.run_id)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.xadd(key, {FIELD: payload}, id=stream_id(event.seq))
+        pipe.expire(key, redis_keys.EVENT_LOG_TTL_SECONDS)
+        pipe.publish(redis_keys.EVENTS_CHANNEL, payload)
+        await pipe.execute()
+
+
+async def read_after(redis: Redis, run_id: str, after_seq: int, count: int = 500) -> list[RunEvent]:
+    """Events with seq > after_seq, oldest first (at most `count`)."""
+    entries = await redis.xrange(
+        redis_keys.run_events(run_id), min=stream_id(after_seq + 1), max="+", count=count
+    )
+    return [decode_event(fields[FIELD]) for _id, fields in entries]
+
+
+async def read_all_after(redis: Redis, run_id: str, after_seq: int) -> list[RunEvent]:
+    events: list[RunEvent] = []
+    while True:
+        batch = await read_after(redis, run_id, after_seq)
+        events.extend(batch)
+        if len(batch) < 500:
+            return events
+        after_seq = batch[-1].seq

@@ -1,0 +1,155 @@
+"""Runtime Events: the one tagged union the worker publishes and the gateway projects."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+Phase = Literal["queued", "preparation", "execution", "settling"]
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
+    """Base of every Runtime Event. `seq` is assigned by the worker's Sequencer, from 1."""
+
+    run_id: str
+    seq: int = 0
+
+
+class StatusChanged(Event, tag="run.status"):
+    phase: Phase
+    message: str | None = None
+
+
+class IterationStarted(Event, tag="iteration.started"):
+    iteration: int
+
+
+class IterationFinished(Event, tag="iteration.finished"):
+    iteration: int
+
+
+class Reasoning(Event, tag="reasoning"):
+    part_id: str
+    text: str
+
+
+class CodeCell(Event, tag="cell.code"):
+    call_id: str
+    code: str
+
+
+class CellOutput(Event, tag="cell.output"):
+    call_id: str
+    stdout: str
+    truncated: bool = False
+    error: str | None = None
+
+
+class LMQueryStarted(Event, tag="lm_query.started"):
+    """An `llm_query` / `llm_query_batched` / `rlm_query` call from the REPL."""
+
+    call_id: str
+    tool: Literal["llm_query", "llm_query_batched", "rlm_query"]
+    prompt: str | None = None
+    prompt_count: int | None = None
+
+
+class LMQueryFinished(Event, tag="lm_query.finished"):
+    call_id: str
+    text: str | None = None
+    texts: list[str] | None = None
+    error: str | None = None
+
+
+class Warning(Event, tag="warning"):
+    code: str
+    message: str
+
+
+class LMUsage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Usage(Event, tag="usage"):
+    iterations: int
+    duration_ms: int
+    observed_lm_usage: dict[str, LMUsage] = {}
+
+
+class Answer(Event, tag="answer"):
+    part_id: str
+    text: str
+
+
+class RunCompleted(Event, tag="run.completed"):
+    duration_ms: int
+    checkpoint_version: int = 0
+
+
+class RunFailed(Event, tag="run.failed"):
+    code: str
+    message: str
+
+
+class RunCancelled(Event, tag="run.cancelled"):
+    reason: str = "Turn cancelled"
+
+
+RunEvent = (
+    StatusChanged
+    | IterationStarted
+    | IterationFinished
+    | Reasoning
+    | CodeCell
+    | CellOutput
+    | LMQueryStarted
+    | LMQueryFinished
+    | Warning
+    | Usage
+    | Answer
+    | RunCompleted
+    | RunFailed
+    | RunCancelled
+)
+TerminalEvent = RunCompleted | RunFailed | RunCancelled
+TERMINAL_EVENT_TYPES = (RunCompleted, RunFailed, RunCancelled)
+
+EVENT_ENCODER = msgspec.json.Encoder()
+EVENT_DECODER: msgspec.json.Decoder[RunEvent] = msgspec.json.Decoder(RunEvent)
+
+
+def encode_event(event: RunEvent) -> bytes:
+    return EVENT_ENCODER.encode(event)
+
+
+def decode_event(data: bytes | str) -> RunEvent:
+    return EVENT_DECODER.decode(data)
+
+
+def is_terminal(event: RunEvent) -> bool:
+    return isinstance(event, TERMINAL_EVENT_TYPES)
+
+
+def event_type(event: RunEvent) -> str:
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+class Sequencer:
+    """The only code that assigns `seq`: strictly increasing, and closed after a terminal event."""
+
+    def __init__(self, run_id: str, start_after: int = 0) -> None:
+        self.run_id = run_id
+        self.last_seq = start_after
+        self.closed = False
+
+    def stamp(self, event: RunEvent) -> RunEvent:
+        if self.closed:
+            raise RuntimeError(f"run {self.run_id} already emitted its terminal event")
+        self.last_seq += 1
+        if is_terminal(event):
+            self.closed = True
+        return msgspec.structs.replace(event, run_id=self.run_id, seq=self.last_seq)

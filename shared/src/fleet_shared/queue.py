@@ -1,0 +1,28 @@
+"""The contract between the gateway's enqueue and the worker's arq functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+RUN_TURN = "run_turn"  # arq function name; its single argument is the run id (also the job id)
+HEALTH_CHECK_SUFFIX = ":health-check"  # arq writes <queue><suffix> while a worker is alive
+
+MSGPACK_ENCODER = msgspec.msgpack.Encoder()
+MSGPACK_DECODER = msgspec.msgpack.Decoder()
+
+
+def serialize_job(job: dict[str, Any]) -> bytes:
+    """arq job payloads as msgpack rather than arq's default pickle."""
+    return MSGPACK_ENCODER.encode(job)
+
+
+def deserialize_job(data: bytes) -> dict[str, Any]:
+    decoded = MSGPACK_DECODER.decode(data)
+    assert isinstance(decoded, dict)
+    return decoded
+
+
+def health_check_key(queue_name: str) -> str:
+    return queue_name + HEALTH_CHECK_SUFFIX

@@ -1,0 +1,105 @@
+"""Fold a Run's Runtime Events into the committed assistant UIMessage parts (ARCHITECTURE §3)."""
+
+from __future__ import annotations
+
+from typing import Any, assert_never
+
+from fleet_shared.events import (
+    Answer,
+    CellOutput,
+    CodeCell,
+    IterationFinished,
+    IterationStarted,
+    LMQueryFinished,
+    LMQueryStarted,
+    Reasoning,
+    RunCancelled,
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    StatusChanged,
+    Usage,
+    Warning,
+)
+
+Part = dict[str, Any]
+UNFINISHED_TOOL_TEXT = "the Turn ended before this call returned"
+
+
+def fold_parts(events: list[RunEvent]) -> list[Part]:
+    """The parts of the assistant Turn, in stream order; tool parts carry their final state."""
+    parts: list[Part] = []
+    tools: dict[str, Part] = {}
+    for event in events:
+        match event:
+            case IterationStarted():
+                parts.append({"type": "step-start"})
+            case Reasoning(text=text):
+                parts.append({"type": "reasoning", "text": text, "state": "done"})
+            case CodeCell(call_id=call_id, code=code):
+                tools[call_id] = tool_part(call_id, "python", {"code": code})
+                parts.append(tools[call_id])
+            case CellOutput(call_id=call_id, error=str() as error):
+                settle_tool(tools.get(call_id), error=error)
+            case CellOutput(call_id=call_id, stdout=stdout, truncated=truncated):
+                settle_tool(tools.get(call_id), output={"stdout": stdout, "truncated": truncated})
+            case LMQueryStarted():
+                tools[event.call_id] = tool_part(event.call_id, event.tool, lm_query_input(event))
+                parts.append(tools[event.call_id])
+            case LMQueryFinished():
+                settle_tool(tools.get(event.call_id), **lm_query_result(event))
+            case Usage():
+                parts.append({"type": "data-usage", "data": {"usage": usage_payload(event)}})
+            case Warning(code=code, message=message):
+                parts.append({"type": "data-warning", "data": {"message": message, "code": code}})
+            case Answer(text=text):
+                parts.append({"type": "text", "text": text, "state": "done"})
+            case StatusChanged() | IterationFinished() | RunCompleted() | RunFailed() | RunCancelled():
+                pass
+            case _:
+                assert_never(event)
+    return parts
+
+
+def tool_part(call_id: str, tool_name: str, tool_input: dict[str, Any]) -> Part:
+    return {
+        "type": "dynamic-tool",
+        "toolName": tool_name,
+        "toolCallId": call_id,
+        "state": "input-available",
+        "input": tool_input,
+    }
+
+
+def settle_tool(part: Part | None, *, output: dict[str, Any] | None = None, error: str | None = None) -> None:
+    if part is None:
+        return
+    if error is not None:
+        part.update(state="output-error", errorText=error)
+    else:
+        part.update(state="output-available", output=output)
+
+
+def lm_query_input(event: LMQueryStarted) -> dict[str, Any]:
+    if event.prompt_count is not None:
+        return {"prompt_count": event.prompt_count}
+    return {"prompt": event.prompt or ""}
+
+
+def lm_query_result(event: LMQueryFinished) -> dict[str, Any]:
+    if event.error is not None:
+        return {"error": event.error}
+    if event.texts is not None:
+        return {"output": {"texts": event.texts}}
+    return {"output": {"text": event.text or ""}}
+
+
+def usage_payload(event: Usage) -> dict[str, Any]:
+    return {
+        "iterations": event.iterations,
+        "duration_ms": event.duration_ms,
+        "observed_lm_usage": {
+            model: {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
+            for model, u in event.observed_lm_usage.items()
+        },
+    }

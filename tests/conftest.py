@@ -1,0 +1,73 @@
+"""Shared fixtures: the real Redis and PostgreSQL on this machine, and throwaway SQLite files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+REPO = Path(__file__).resolve().parents[1]
+REDIS_URL = os.environ.get("FLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
+POSTGRES_ADMIN_DSN = os.environ.get(
+    "FLEET_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis database number of our own, emptied before the session."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    client.close()
+    yield REDIS_URL
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+def migrate(url: str) -> None:
+    from fleet_shared.db.migrate import upgrade
+
+    upgrade(url)
+
+
+@pytest.fixture(scope="session")
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh PostgreSQL database for this test session, migrated to head, dropped at the end."""
+    name = f"fleet_test_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
+    url = f"{base}/{name}"
+    await asyncio.to_thread(migrate, url)
+    yield url
+    admin = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
+@pytest.fixture(scope="session")
+async def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("sqlite") / "fleet.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    await asyncio.to_thread(migrate, url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, sqlite_url: str, postgres_url: str) -> str:
+    """Each DB-touching integration test runs on both backends."""
+    return sqlite_url if request.param == "sqlite" else postgres_url

@@ -1,0 +1,245 @@
+"""End to end: real gateway and worker processes, a real bwrap sandbox, Redis and SQLite.
+
+The LM is the deterministic scripted LM (the provider is unreachable here); everything else is real.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import REPO, SECRET_SENTINEL, Stack
+from tests.e2e.sse import TurnStream, post_turn
+
+pytestmark = pytest.mark.e2e
+NODE_DIR = REPO / "tests" / "node"
+
+
+@pytest.fixture(scope="session")
+def node_check() -> Path:
+    """The AI SDK checker, with its pinned packages installed (`npm ci`) if they are missing."""
+    if not (NODE_DIR / "node_modules" / "ai6").is_dir() or not (NODE_DIR / "node_modules" / "ai7").is_dir():
+        npm = shutil.which("npm")
+        assert npm, "npm is required for the AI SDK stream check"
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, capture_output=True)
+    return NODE_DIR / "check_stream.mjs"
+
+
+def ai_sdk_parse(node_check: Path, alias: str, raw: bytes) -> dict[str, Any]:
+    node = shutil.which("node")
+    assert node
+    result = subprocess.run(
+        [node, str(node_check), alias], input=raw, capture_output=True, timeout=60, check=False
+    )
+    report: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert result.returncode == 0 and report["ok"], f"{alias} rejected the stream: {report} {result.stderr!r}"
+    return report
+
+
+def new_session(stack: Stack, title: str = "e2e") -> str:
+    with stack.client() as client:
+        response = client.post("/api/sessions", json={"title": title})
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def assert_well_formed(stream: TurnStream) -> None:
+    assert stream.status == 200
+    headers = stream.headers
+    assert headers["content-type"].startswith("text/event-stream")
+    assert headers["cache-control"] == "no-cache"
+    assert headers["x-vercel-ai-ui-message-stream"] == "v1"
+    assert headers["x-accel-buffering"] == "no"
+    assert "content-encoding" not in headers
+    assert stream.raw.endswith(b"data: [DONE]\n\n")
+    assert [data for _id, data in stream.frames].count("[DONE]") == 1
+    assert all(event_id is not None for event_id, data in stream.frames if data != "[DONE]")
+    types = stream.types
+    start_index = types.index("start")
+    assert types.count("start") == 1
+    assert all(t == "data-status" for t in types[:start_index])
+    assert stream.chunks[start_index]["messageId"] == headers["x-fleet-run-id"]
+
+
+def test_demo_turn_streams_and_commits(demo_stack: Stack, node_check: Path) -> None:
+    session_id = new_session(demo_stack)
+    with demo_stack.client() as client:
+        stream = post_turn(client, session_id, "Please say hello to the fleet", "turn-1")
+    assert_well_formed(stream)
+    run_id = stream.headers["x-fleet-run-id"]
+    start = stream.of_type("start")[0]
+    assert start["messageMetadata"]["model"] == "scripted/demo"
+    assert start["messageMetadata"]["delivery"] == "live"
+    assert start["messageMetadata"]["runId"] == run_id
+    assert start["messageMetadata"]["sessionId"] == session_id
+
+    types = stream.types
+    assert types[-1] == "finish" and stream.chunks[-1]["finishReason"] == "stop"
+    assert stream.chunks[-1]["messageMetadata"]["idempotentReplay"] is False
+    assert types.count("start-step") == types.count("finish-step") == 3
+    assert "reasoning-delta" in types
+    cells = [c for c in stream.of_type("tool-input-available") if c["toolName"] == "python"]
+    assert len(cells) == 3 and all(c["providerExecuted"] and c["dynamic"] for c in cells)
+    outputs = {c["toolCallId"]: c for c in stream.of_type("tool-output-available")}
+    assert outputs[cells[0]["toolCallId"]]["output"]["stdout"].startswith("6 words")
+    queries = [c for c in stream.of_type("tool-input-available") if c["toolName"] == "llm_query"]
+    assert len(queries) == 1 and "hello to the fleet" in queries[0]["input"]["prompt"]
+    assert "offline demo" in outputs[queries[0]["toolCallId"]]["output"]["text"]
+    answer = "".join(c["delta"] for c in stream.of_type("text-delta"))
+    assert "offline demo" in answer and "6 words" in answer
+    usage = stream.of_type("data-usage")[0]["data"]["usage"]
+    assert usage["iterations"] == 3 and usage["observed_lm_usage"]["scripted/demo"]["prompt_tokens"] > 0
+
+    for alias in ("ai6", "ai7"):
+        report = ai_sdk_parse(node_check, alias, stream.raw)
+        message = report["message"]
+        assert message["id"] == run_id and message["role"] == "assistant"
+        texts = [p["text"] for p in message["parts"] if p["type"] == "text"]
+        assert texts == [answer]
+        tool_names = [p["toolName"] for p in message["parts"] if p["type"] == "dynamic-tool"]
+        assert tool_names.count("python") == 3 and "llm_query" in tool_names
+
+    with demo_stack.client() as client:
+        history = client.get(f"/api/sessions/{session_id}/turns").json()
+    assert [m["role"] for m in history["items"]] == ["user", "assistant"]
+    assistant = history["items"][1]
+    assert assistant["id"] == run_id and assistant["metadata"]["runId"] == run_id
+    assert [p["text"] for p in assistant["parts"] if p["type"] == "text"] == [answer]
+    assert history["next_after_sequence"] is None
+
+
+def test_idempotent_replay_and_key_mismatch(demo_stack: Stack, node_check: Path) -> None:
+    session_id = new_session(demo_stack)
+    with demo_stack.client() as client:
+        first = post_turn(client, session_id, "count my words", "same-key")
+        replay = post_turn(client, session_id, "count my words", "same-key")
+        mismatch = client.post(
+            f"/api/sessions/{session_id}/turns",
+            json={"text": "something else"},
+            headers={"Idempotency-Key": "same-key"},
+        )
+        history = client.get(f"/api/sessions/{session_id}/turns").json()
+    assert_well_formed(replay)
+    assert replay.headers["x-fleet-run-id"] == first.headers["x-fleet-run-id"]
+    start = replay.of_type("start")[0]["messageMetadata"]
+    assert start["delivery"] == "replay"
+    assert replay.chunks[-1]["type"] == "finish"
+    assert replay.chunks[-1]["messageMetadata"]["idempotentReplay"] is True
+    # The replay carries the same body as the live stream: same answer, same tool calls.
+    assert [c for c in replay.chunks if c["type"] == "text-delta"] == first.of_type("text-delta")
+    assert replay.of_type("tool-input-available") == first.of_type("tool-input-available")
+    assert len(history["items"]) == 2  # nothing was executed twice
+    assert mismatch.status_code == 409
+    assert mismatch.json() == {
+        "code": "idempotency_key_mismatch",
+        "message": "this Idempotency-Key was already used with a different request body",
+    }
+    assert mismatch.headers["x-request-id"]
+    for alias in ("ai6", "ai7"):
+        ai_sdk_parse(node_check, alias, replay.raw)
+
+
+def test_second_turn_sees_history_and_both_turns_are_listed(demo_stack: Stack) -> None:
+    session_id = new_session(demo_stack)
+    with demo_stack.client() as client:
+        one = post_turn(client, session_id, "first question", "k-1")
+        two = post_turn(client, session_id, "second question here", "k-2")
+        page = client.get(f"/api/sessions/{session_id}/turns", params={"limit": 2}).json()
+        rest = client.get(
+            f"/api/sessions/{session_id}/turns", params={"after_sequence": page["next_after_sequence"]}
+        ).json()
+    assert one.chunks[-1]["finishReason"] == "stop" and two.chunks[-1]["finishReason"] == "stop"
+    assert one.headers["x-fleet-run-id"] != two.headers["x-fleet-run-id"]
+    assert [m["role"] for m in page["items"]] == ["user", "assistant"]
+    assert page["next_after_sequence"] == 2
+    assert [m["role"] for m in rest["items"]] == ["user", "assistant"]
+    assert rest["items"][0]["parts"] == [{"type": "text", "text": "second question here"}]
+    assert rest["items"][1]["metadata"]["runId"] == two.headers["x-fleet-run-id"]
+
+
+def test_errors_use_the_envelope(demo_stack: Stack) -> None:
+    session_id = new_session(demo_stack)
+    unknown = str(uuid.uuid4())
+    with demo_stack.client() as client:
+        cases = {
+            "unknown session": client.post(
+                f"/api/sessions/{unknown}/turns", json={"text": "x"}, headers={"Idempotency-Key": "k"}
+            ),
+            "malformed id": client.get("/api/sessions/not-a-uuid"),
+            "malformed json": client.post(
+                f"/api/sessions/{session_id}/turns",
+                content=b'{"text": ',
+                headers={"Idempotency-Key": "k", "content-type": "application/json"},
+            ),
+            "unknown field": client.post(
+                f"/api/sessions/{session_id}/turns",
+                json={"text": "x", "temperature": 2},
+                headers={"Idempotency-Key": "k"},
+            ),
+            "missing key": client.post(f"/api/sessions/{session_id}/turns", json={"text": "x"}),
+            "oversize": client.post(
+                f"/api/sessions/{session_id}/turns",
+                content=b'{"text": "' + b"x" * 2_000_000 + b'"}',
+                headers={"Idempotency-Key": "k", "content-type": "application/json"},
+            ),
+        }
+        history = client.get(f"/api/sessions/{session_id}/turns").json()
+    expected = {
+        "unknown session": (404, "not_found"),
+        "malformed id": (404, "not_found"),
+        "malformed json": (422, "validation_error"),
+        "unknown field": (422, "validation_error"),
+        "missing key": (422, "validation_error"),
+        "oversize": (413, "payload_too_large"),
+    }
+    for name, response in cases.items():
+        body = response.json()
+        assert (response.status_code, body["code"]) == expected[name], (name, body)
+        assert set(body) == {"code", "message"} and body["message"]
+        assert response.headers["x-request-id"]
+    assert history["items"] == []  # bad input lost nothing and wrote nothing
+
+
+def test_sandbox_cannot_reach_services_or_host_files(probe_stack: Stack) -> None:
+    session_id = new_session(probe_stack)
+    with probe_stack.client() as client:
+        stream = post_turn(client, session_id, "probe", "probe-1")
+    assert stream.chunks[-1]["finishReason"] == "stop", stream.chunks[-3:]
+    probe = json.loads("".join(c["delta"] for c in stream.of_type("text-delta")))
+    assert probe["6379"] == "blocked" and probe["5432"] == "blocked"
+    assert probe["cwd"] == "/workspace"
+    assert "work" not in probe["root"] and "root" not in probe["root"]  # no repo, no home
+    assert probe["workspace"] == ["artifacts", "attachments", "memory", "skills"]  # not .fleet/
+    assert probe["env_secret"] == "absent"
+    assert SECRET_SENTINEL.encode() not in stream.raw
+    # The host really is reachable from outside the sandbox, so "blocked" means isolation.
+    import socket
+
+    for port in (6379, 5432):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_turn_in_progress_is_refused(probe_stack: Stack) -> None:
+    session_id = new_session(probe_stack)
+    with (
+        probe_stack.client() as client,
+        client.stream(
+            "POST",
+            f"/api/sessions/{session_id}/turns",
+            json={"text": "slow"},
+            headers={"Idempotency-Key": "slow-1"},
+        ) as first,
+    ):
+        assert first.status_code == 200
+        busy = client.post(
+            f"/api/sessions/{session_id}/turns", json={"text": "again"}, headers={"Idempotency-Key": "slow-2"}
+        )
+        body = first.read()
+    assert busy.status_code == 409 and busy.json()["code"] == "turn_in_progress"
+    assert body.endswith(b"data: [DONE]\n\n")

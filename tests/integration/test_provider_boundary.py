@@ -1,0 +1,143 @@
+"""The real provider path (profile `local`: any OpenAI-compatible endpoint via FLEET_LM_*).
+
+No provider is reachable here, so the narrowest fake stands in: a tiny OpenAI-compatible HTTP
+server on 127.0.0.1. Everything from the config file to DSPy's own HTTP client is real.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_shared.config import load_settings
+from fleet_worker import dspy_adapter
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "sk-boundary-test-key"
+
+
+@dataclass
+class FakeProvider:
+    replies: list[str]
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    url: str = ""
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    fake = FakeProvider(replies=[])
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            fake.requests.append({"path": self.path, **body})
+            fake.headers.append({k.lower(): v for k, v in self.headers.items()})
+            text = fake.replies.pop(0) if fake.replies else "out of replies"
+            payload = json.dumps(
+                {
+                    "id": "chatcmpl-test",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": body.get("model", ""),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *_args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield fake
+    server.shutdown()
+
+
+def local_profile(provider: FakeProvider) -> Any:
+    return load_settings(
+        {
+            "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
+            "FLEET_PROFILE": "local",
+            "FLEET_REDIS_URL": "redis://127.0.0.1:6379/9",
+            "FLEET_LM_MODEL": "openai/boundary-model",
+            "FLEET_LM_API_KEY": API_KEY,
+            "FLEET_LM_BASE_URL": provider.url,
+        }
+    )
+
+
+def test_local_profile_reaches_an_openai_compatible_endpoint(provider: FakeProvider) -> None:
+    settings = local_profile(provider)
+    assert settings.root_lm.name == "openai/boundary-model" and not settings.root_lm.scripted
+    assert API_KEY not in repr(settings.root_lm)
+    provider.replies.append("pong")
+    lm = dspy_adapter.build_lm(settings.root_lm, "root", None, threading.Event())
+    assert lm("ping") == ["pong"]
+    request = provider.requests[0]
+    assert request["path"].endswith("/chat/completions")
+    assert request["model"] == "boundary-model"
+    assert request["messages"][-1]["content"] == "ping"
+    assert provider.headers[0]["authorization"] == f"Bearer {API_KEY}"
+
+
+def test_a_whole_rlm_turn_runs_on_the_provider_path(provider: FakeProvider) -> None:
+    """Root actions and the llm_query answer come over HTTP; the cells run in a real bwrap sandbox."""
+    import shutil
+    import tempfile
+
+    from fleet_worker.app import sandbox_provider
+
+    settings = local_profile(provider)
+    provider.replies += [
+        "[[ ## reasoning ## ]]\nAsk the sub-LM.\n\n[[ ## code ## ]]\nr = llm_query('hi')\nprint(r)\n\n"
+        "[[ ## completed ## ]]",
+        "sub answer",
+        "[[ ## reasoning ## ]]\nDone.\n\n[[ ## code ## ]]\nSUBMIT(answer=r.upper())\n\n[[ ## completed ## ]]",
+    ]
+    workspace = Path(tempfile.mkdtemp(prefix="fleet-provider-"))
+    workspace.chmod(0o711)
+    lease = sandbox_provider(settings).acquire(workspace / "ws", "run-provider")
+    events: list[Any] = []
+    stop = threading.Event()
+    try:
+        result = dspy_adapter.run_program(
+            request="say hi",
+            history=[],
+            root_lm=dspy_adapter.build_lm(settings.root_lm, "root", None, stop),
+            sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", None, stop),
+            limits=dspy_adapter.ProgramLimits(max_iters=4, max_llm_calls=4, max_output_chars=1000),
+            observer=dspy_adapter.TurnObserver(
+                emit=events.append, run_id="run-provider", stop=stop, max_output_chars=1000
+            ),
+            new_session=lease.new_session,
+        )
+    finally:
+        lease.release()
+        shutil.rmtree(workspace, ignore_errors=True)
+    assert result.answer == "SUB ANSWER"
+    assert result.iterations == 2
+    assert result.lm_usage["openai/boundary-model"]["prompt_tokens"] == 11 * 3
+    assert [r["model"] for r in provider.requests] == ["boundary-model"] * 3
+    assert all(h["authorization"] == f"Bearer {API_KEY}" for h in provider.headers)
+    assert not any(API_KEY in repr(event) for event in events)

@@ -1,0 +1,203 @@
+"""The worker's Turn lifecycle on a real arq worker (burst mode), real Redis, a real bwrap sandbox,
+and both databases. The LM is the scripted LM: no provider is reachable here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+from arq.connections import ArqRedis
+from redis.asyncio import ConnectionPool
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from fleet_shared import event_log
+from fleet_shared.config import Settings, load_settings
+from fleet_shared.db import queries
+from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.events import CellOutput, RunCompleted, RunEvent, RunFailed
+from fleet_shared.queue import RUN_TURN, deserialize_job, serialize_job
+from fleet_worker.app import build_worker
+from fleet_worker.turn import run_turn
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def script(tmp: Path, *lines: dict[str, object]) -> Path:
+    path = tmp / "script.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def work_dir() -> Iterator[Path]:
+    """A data dir the sandbox uid can traverse (pytest's tmp dirs are 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="fleet-worker-test-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Harness:
+    settings: Settings
+    sessions: async_sessionmaker[AsyncSession]
+    redis: aioredis.Redis
+
+    async def submit(self, text: str = "hello there") -> str:
+        async with self.sessions() as db:
+            session = await queries.create_session(db, "t")
+            claimed = await queries.claim_turn(
+                db,
+                session_id=session.id,
+                idempotency_key="k",
+                fingerprint="f",
+                text=text,
+                model=self.settings.root_lm.name,
+            )
+        assert isinstance(claimed, queries.Claimed)
+        arq = ArqRedis(
+            ConnectionPool.from_url(self.settings.redis_url),
+            job_serializer=serialize_job,
+            job_deserializer=deserialize_job,
+            default_queue_name=self.settings.profile.worker.queue_name,
+        )
+        await arq.enqueue_job(RUN_TURN, claimed.run.id, _job_id=claimed.run.id)
+        await arq.aclose()
+        return claimed.run.id
+
+    async def work(self) -> None:
+        worker = build_worker(self.settings, burst=True)
+        try:
+            await worker.main()
+        finally:
+            await worker.close()
+
+    async def events(self, run_id: str) -> list[RunEvent]:
+        return await event_log.read_all_after(self.redis, run_id, 0)
+
+
+def make_settings(
+    database_url: str, redis_url: str, work_dir: Path, script_path: Path, turn_timeout: float = 60
+) -> Settings:
+    settings = load_settings(
+        {
+            "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
+            "FLEET_DATABASE_URL": database_url,
+            "FLEET_REDIS_URL": redis_url,
+            "FLEET_SCRIPTED_LM": str(script_path),
+        }
+    )
+    profile = settings.profile
+    runtime = msgspec.structs.replace(profile.runtime, turn_timeout_seconds=turn_timeout)
+    worker = msgspec.structs.replace(profile.worker, queue_name=f"fleet:test:{work_dir.name}")
+    local = msgspec.structs.replace(profile.sandbox.local, cell_timeout_seconds=2)
+    sandbox = msgspec.structs.replace(profile.sandbox, local=local)
+    profile = msgspec.structs.replace(profile, runtime=runtime, worker=worker, sandbox=sandbox)
+    return msgspec.structs.replace(settings, profile=profile, data_dir=work_dir / ".fleet")
+
+
+@pytest.fixture
+async def harness_factory(
+    database_url: str, redis_url: str, work_dir: Path
+) -> AsyncIterator[object]:
+    engines = []
+    client = aioredis.Redis.from_url(redis_url)
+
+    def factory(*lines: dict[str, object], turn_timeout: float = 60) -> Harness:
+        settings = make_settings(database_url, redis_url, work_dir, script(work_dir, *lines), turn_timeout)
+        engine = create_engine(database_url)
+        engines.append(engine)
+        return Harness(settings, session_factory(engine), client)
+
+    yield factory
+    for engine in engines:
+        await engine.dispose()
+    await client.aclose()
+
+
+ROOT_PRINT = {"lm": "root", "reasoning": "look", "code": "x = 21 * 2\nprint(x)"}
+ROOT_SUBMIT = {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer=str(x))"}
+
+
+async def test_completed_turn_is_committed_and_logged(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
+    run_id = await harness.submit()
+    await harness.work()
+
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+        assert run is not None
+        assert (run.status, run.attempt, run.failure_code) == ("completed", 1, None)
+        turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
+        committed = await queries.load_run_events(db, run_id)
+    assert [t.role for t in turns] == ["user", "assistant"]
+    assert [p["text"] for p in turns[1].parts if p["type"] == "text"] == ["42"]
+    logged = await harness.events(run_id)
+    assert logged == committed  # the Redis log and the DB agree, seq for seq
+    assert [e.seq for e in logged] == list(range(1, len(logged) + 1))
+    assert isinstance(logged[-1], RunCompleted)
+    outputs = [e for e in logged if isinstance(e, CellOutput)]
+    assert outputs[0].stdout == "42\n"
+    assert run.usage is not None and run.usage["iterations"] == 2
+
+
+async def test_duplicate_job_does_nothing(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
+    run_id = await harness.submit()
+    await harness.work()
+    before = await harness.events(run_id)
+    engine = create_engine(harness.settings.database_url)
+    from fleet_worker.turn import WorkerDeps
+
+    deps = WorkerDeps(harness.settings, session_factory(engine), harness.redis, None, {})  # type: ignore[arg-type]
+    assert await run_turn({"deps": deps, "job_try": 2}, run_id) == "duplicate"
+    await engine.dispose()
+    assert await harness.events(run_id) == before
+
+
+async def test_exhausted_script_fails_the_run_with_a_code(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    harness: Harness = harness_factory(ROOT_PRINT)  # never submits, then runs out
+    run_id = await harness.submit()
+    await harness.work()
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+        assert run is not None
+        turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
+    assert (run.status, run.failure_code) == ("failed", "script_exhausted")
+    assert "no more `root` lines" in (run.failure_message or "")
+    assert turns[-1].role == "assistant" and turns[-1].status == "failed"
+    logged = await harness.events(run_id)
+    assert isinstance(logged[-1], RunFailed) and logged[-1].code == "script_exhausted"
+
+
+async def test_turn_timeout_ends_as_timed_out(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    slow = {"lm": "root", "reasoning": "wait", "code": "print(1)", "delay_s": 30}
+    harness: Harness = harness_factory(slow, ROOT_SUBMIT, turn_timeout=1)
+    run_id = await harness.submit()
+    await harness.work()
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+    assert run is not None and (run.status, run.failure_code) == ("timed_out", "turn_timeout")
+    assert run.finished_at is not None and run.started_at is not None
+    logged = await harness.events(run_id)
+    assert isinstance(logged[-1], RunFailed) and logged[-1].code == "turn_timeout"
+
+
+async def test_runaway_cell_is_killed_and_the_turn_recovers(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    spin = {"lm": "root", "reasoning": "loop", "code": "x = 1\nwhile True:\n    pass"}
+    recover = {"lm": "root", "reasoning": "retry", "code": "x = 5\nSUBMIT(answer=str(x))"}
+    harness: Harness = harness_factory(spin, recover)
+    run_id = await harness.submit()
+    await harness.work()
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+    assert run is not None and run.status == "completed"
+    failed_cells = [e for e in await harness.events(run_id) if isinstance(e, CellOutput) and e.error]
+    assert len(failed_cells) == 1 and "exceeded the 2s timeout" in (failed_cells[0].error or "")

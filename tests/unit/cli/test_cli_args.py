@@ -1,0 +1,101 @@
+"""`fleet` argument handling that must never start a server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet_cli.main import build_parser, is_loopback, main
+
+SHIPPED_CONFIG = Path(__file__).resolve().parents[3] / "config" / "fleet.toml"
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("[::]", False),
+        ("192.168.1.10", False),
+        ("10.0.0.1", False),
+        ("example.com", False),
+        ("localhost.example.com", False),
+        ("", False),
+        ("not an address", False),
+    ],
+)
+def test_is_loopback(host: str, expected: bool) -> None:
+    assert is_loopback(host) is expected
+
+
+def exit_code(argv: list[str]) -> int | str | None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    return info.value.code
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "example.com"])
+def test_gateway_refuses_non_loopback_bind(
+    host: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Were the refusal skipped, loading this missing config would fail: still no server either way.
+    monkeypatch.setenv("FLEET_CONFIG", str(tmp_path / "absent.toml"))
+    assert exit_code(["gateway", "--host", host]) == 2
+    err = capsys.readouterr().err
+    assert f"refusing to bind {host}" in err
+    assert "--allow-non-loopback-bind" in err
+    assert "config error" not in err
+
+
+def test_allow_flag_passes_the_refusal_and_reaches_config_loading(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    missing = tmp_path / "absent.toml"
+    monkeypatch.setenv("FLEET_CONFIG", str(missing))
+    assert exit_code(["gateway", "--host", "0.0.0.0", "--allow-non-loopback-bind"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing" not in err
+    assert err.startswith("fleet: config error: ")
+    assert str(missing) in err
+    assert err.count("\n") == 1
+
+
+def test_worker_rejects_zero_concurrency(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_CONFIG", str(SHIPPED_CONFIG))
+    monkeypatch.setenv("FLEET_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.delenv("FLEET_PROFILE", raising=False)
+    monkeypatch.delenv("FLEET_SCRIPTED_LM", raising=False)
+    assert exit_code(["worker", "--concurrency", "0"]) == 2
+    assert "--concurrency must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["serve"], ["gateway", "--port", "eighty"], ["db"], ["up", "--workers", "many"]],
+    ids=["no-command", "unknown-command", "bad-port", "db-without-subcommand", "bad-workers"],
+)
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_code(argv) == 2
+    assert "usage: fleet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["gateway"], {"host": "127.0.0.1", "port": 8000, "workers": 1, "allow_non_loopback_bind": False}),
+        (["up"], {"host": "127.0.0.1", "port": 8000, "workers": 1, "profile": None}),
+        (["worker"], {"concurrency": None, "burst": False}),
+        (["db", "check"], {"db_command": "check"}),
+    ],
+)
+def test_defaults_bind_loopback(argv: list[str], expected: dict[str, object]) -> None:
+    args = vars(build_parser().parse_args(argv))
+    assert {key: args[key] for key in expected} == expected

@@ -1,0 +1,236 @@
+"""The sandbox frame codec (host and driver sides) and the bwrap argv builder."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet_worker.sandbox import repl_main
+from fleet_worker.sandbox.errors import FrameTimeout, FrameTooLarge, SandboxCrashed
+from fleet_worker.sandbox.local import (
+    DRIVER_MOUNT,
+    DRIVER_SOURCE,
+    WORKSPACE_MOUNT,
+    LocalSandboxConfig,
+    bwrap_command,
+    resolve_python,
+)
+from fleet_worker.sandbox.protocol import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    encode_frame,
+    json_fallback,
+    read_frame,
+    write_frame,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    read_fd, write_fd = os.pipe()
+    yield read_fd, write_fd
+    for fd in (read_fd, write_fd):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class Model:
+    def model_dump(self, mode: str = "python") -> dict[str, object]:
+        return {"kind": "model", "mode": mode}
+
+
+def test_round_trip_over_a_pipe(pipe: tuple[int, int]) -> None:
+    read_fd, write_fd = pipe
+    message = {"op": "execute", "id": 7, "code": "print('é ☃ \\ud800')", "variables": {"a": [1, 2.5]}}
+    write_frame(write_fd, message)
+    write_frame(write_fd, {"op": "shutdown"})
+    assert read_frame(read_fd, time.monotonic() + 1) == message
+    assert read_frame(read_fd, time.monotonic() + 1) == {"op": "shutdown"}
+
+
+def test_round_trip_over_file_objects() -> None:
+    buffer = io.BytesIO()
+    write_frame(buffer, {"op": "ready", "pid": 1})
+    buffer.seek(0)
+    assert read_frame(buffer) == {"op": "ready", "pid": 1}
+
+
+def test_non_json_values_fall_back_to_model_dump_then_str() -> None:
+    buffer = io.BytesIO()
+    write_frame(buffer, {"model": Model(), "path": Path("/x"), "set": {1}})
+    buffer.seek(0)
+    assert read_frame(buffer) == {
+        "model": {"kind": "model", "mode": "json"},
+        "path": "/x",
+        "set": "{1}",
+    }
+    assert str(json_fallback(object())).startswith("<object object")
+
+
+def test_read_times_out_at_the_deadline(pipe: tuple[int, int]) -> None:
+    read_fd, _write_fd = pipe
+    started = time.monotonic()
+    with pytest.raises(FrameTimeout):
+        read_frame(read_fd, started + 0.2)
+    assert 0.15 < time.monotonic() - started < 2
+
+
+def test_oversize_frame_is_rejected(pipe: tuple[int, int]) -> None:
+    read_fd, write_fd = pipe
+    os.write(write_fd, HEADER.pack(MAX_FRAME_BYTES + 1))
+    with pytest.raises(SandboxCrashed, match="limit"):
+        read_frame(read_fd, time.monotonic() + 1)
+
+
+def test_oversize_message_is_refused_before_sending() -> None:
+    with pytest.raises(FrameTooLarge):
+        encode_frame({"blob": "x" * 100}, max_bytes=50)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"", id="eof-before-header"),
+        pytest.param(b"\x00\x00", id="eof-inside-header"),
+        pytest.param(HEADER.pack(10) + b'{"op"', id="eof-inside-payload"),
+    ],
+)
+def test_eof_means_crashed(pipe: tuple[int, int], data: bytes) -> None:
+    read_fd, write_fd = pipe
+    os.write(write_fd, data)
+    os.close(write_fd)
+    with pytest.raises(SandboxCrashed, match="EOF"):
+        read_frame(read_fd, time.monotonic() + 1)
+
+
+@pytest.mark.parametrize("payload", [b"[1, 2]", b"not json", b"\xff\xfe"])
+def test_payload_that_is_not_an_object_means_crashed(pipe: tuple[int, int], payload: bytes) -> None:
+    read_fd, write_fd = pipe
+    os.write(write_fd, HEADER.pack(len(payload)) + payload)
+    with pytest.raises(SandboxCrashed):
+        read_frame(read_fd, time.monotonic() + 1)
+
+
+def test_driver_codec_speaks_the_host_format(pipe: tuple[int, int]) -> None:
+    read_fd, write_fd = pipe
+    channel = repl_main.Channel(read_fd, write_fd)
+    channel.send({"op": "result", "id": 1, "final": {"answer": {3, 4}}})
+    assert read_frame(read_fd, time.monotonic() + 1) == {
+        "op": "result",
+        "id": 1,
+        "final": {"answer": [3, 4]},
+    }
+    write_frame(write_fd, {"op": "tool_result", "ok": True, "value": "ü"})
+    assert channel.receive() == {"op": "tool_result", "ok": True, "value": "ü"}
+
+
+def bind_sources(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg in {"--bind", "--ro-bind", "--dev-bind"}]
+
+
+def pairs(argv: list[str], flag: str) -> list[tuple[str, str]]:
+    return [(argv[i + 1], argv[i + 2]) for i, arg in enumerate(argv) if arg == flag]
+
+
+@pytest.mark.parametrize(
+    ("python", "executable", "prefix"),
+    [
+        pytest.param("/usr/bin/python3", "/usr/bin/python3", None, id="system-python"),
+        pytest.param(
+            "/opt/py311/bin/python3.11",
+            "/opt/py311/bin/python3.11",
+            "/opt/py311",
+            id="python-outside-usr",
+        ),
+    ],
+)
+def test_bwrap_command(python: str, executable: str, prefix: str | None, tmp_path: Path) -> None:
+    cfg = LocalSandboxConfig(memory_mb=512, max_processes=32, max_file_mb=8)
+    workspace = tmp_path / "ws"
+    argv = bwrap_command(cfg, workspace, python, DRIVER_SOURCE, bwrap="/usr/bin/bwrap")
+    options, command = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+
+    assert options[0] == "/usr/bin/bwrap"
+    for flag in ("--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"):
+        assert flag in options
+    assert "--share-net" not in options
+    assert options[options.index("--uid") + 1] == "65534"
+    assert options[options.index("--gid") + 1] == "65534"
+    # The environment is cleared first, then exactly these variables are set.
+    setenvs = [i for i, arg in enumerate(options) if arg == "--setenv"]
+    assert options.index("--clearenv") < min(setenvs)
+    assert dict(pairs(options, "--setenv")) == {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/workspace",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+    assert pairs(options, "--bind") == [(str(workspace), WORKSPACE_MOUNT)]
+    ro_binds = pairs(options, "--ro-bind")
+    assert ("/usr", "/usr") in ro_binds
+    assert (str(DRIVER_SOURCE), DRIVER_MOUNT) in ro_binds
+    assert options[options.index("--chdir") + 1] == WORKSPACE_MOUNT
+    assert options[options.index("--proc") + 1] == "/proc"
+    assert options[options.index("--dev") + 1] == "/dev"
+    assert options[options.index("--tmpfs") + 1] == "/tmp"
+    if prefix is None:
+        assert len(ro_binds) == 2 + sum(1 for _src, dst in ro_binds if dst in {"/bin", "/lib"})
+    else:
+        assert (prefix, prefix) in ro_binds
+
+    # Nothing of /etc, /root or the repository: the driver file is the one thing bound from it.
+    for source in bind_sources(options):
+        assert not source.startswith(("/etc", "/root", "/home"))
+        assert not REPO.is_relative_to(source)
+        assert source == str(DRIVER_SOURCE) or not Path(source).is_relative_to(REPO)
+
+    assert command == [
+        executable,
+        "-I",
+        "-S",
+        "-B",
+        DRIVER_MOUNT,
+        "--memory-mb",
+        "512",
+        "--max-processes",
+        "32",
+        "--max-file-mb",
+        "8",
+    ]
+
+
+def test_bwrap_command_mirrors_merged_usr_symlinks(tmp_path: Path) -> None:
+    argv = bwrap_command(LocalSandboxConfig(), tmp_path, "/usr/bin/python3", DRIVER_SOURCE)
+    for name in ("bin", "lib", "lib64", "sbin"):
+        host = Path("/") / name
+        if host.is_symlink():
+            assert (os.readlink(host), f"/{name}") in pairs(argv, "--symlink")
+
+
+def test_bwrap_command_runs_a_symlinked_python_from_its_real_path(tmp_path: Path) -> None:
+    # A venv's bin/python is a symlink; the jail must exec the real file, not the venv.
+    link = tmp_path / "venv" / "bin" / "python"
+    link.parent.mkdir(parents=True)
+    link.symlink_to("/usr/bin/python3")
+    argv = bwrap_command(LocalSandboxConfig(), tmp_path, str(link), DRIVER_SOURCE)
+    executable = argv[argv.index("--") + 1]
+    assert executable == os.path.realpath("/usr/bin/python3")
+    assert all(not source.startswith(str(tmp_path / "venv")) for source in bind_sources(argv))
+
+
+def test_resolve_python() -> None:
+    assert resolve_python(LocalSandboxConfig(python="/opt/python/bin/python3")) == "/opt/python/bin/python3"
+    auto = resolve_python(LocalSandboxConfig())
+    if Path("/usr/bin/python3").exists():
+        assert auto == "/usr/bin/python3"
+    else:
+        assert ".venv" not in auto and os.access(auto, os.X_OK)

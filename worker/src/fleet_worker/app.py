@@ -1,0 +1,80 @@
+"""The arq worker: settings as plain data, resources created in startup and closed in shutdown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from arq import Worker
+from arq.connections import RedisSettings
+from arq.worker import func
+from redis.asyncio import Redis
+
+from fleet_shared.config import Settings
+from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
+from fleet_worker.sandbox.local import LocalSandboxConfig, LocalSandboxProvider
+from fleet_worker.turn import WorkerDeps, run_turn
+
+log = structlog.get_logger(__name__)
+HEALTH_CHECK_INTERVAL_SECONDS = 5
+
+
+def sandbox_provider(settings: Settings) -> LocalSandboxProvider:
+    local = settings.profile.sandbox.local
+    if settings.profile.sandbox.provider != "local":
+        raise NotImplementedError("only the local sandbox provider is available in this build")
+    provider = LocalSandboxProvider(
+        LocalSandboxConfig(
+            allow_unisolated=local.allow_unisolated,
+            python=local.python,
+            cell_timeout_seconds=local.cell_timeout_seconds,
+            memory_mb=local.memory_mb,
+            max_processes=local.max_processes,
+            max_file_mb=local.max_file_mb,
+        ),
+        max_output_chars=settings.profile.rlm.max_output_chars,
+    )
+    provider.check()
+    return provider
+
+
+def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
+    sandboxes = sandbox_provider(settings)  # fails fast: no bwrap, no worker
+    queue = settings.profile.worker.queue_name
+
+    async def startup(ctx: dict[str, Any]) -> None:
+        engine = create_engine(settings.database_url)
+        ctx["engine"] = engine
+        ctx["deps"] = WorkerDeps(
+            settings=settings,
+            sessions=session_factory(engine),
+            redis=Redis.from_url(settings.redis_url),
+            sandboxes=sandboxes,
+            scripts={},
+        )
+        log.info("worker.started", queue=queue, concurrency=settings.profile.worker.concurrency)
+
+    async def shutdown(ctx: dict[str, Any]) -> None:
+        deps: WorkerDeps | None = ctx.get("deps")
+        if deps is not None:
+            await deps.redis.aclose()
+        if "engine" in ctx:
+            await ctx["engine"].dispose()
+
+    timeout = settings.profile.runtime.turn_timeout_seconds + 60  # our own deadline fires first
+    return Worker(
+        functions=[func(run_turn, name=RUN_TURN, timeout=timeout, max_tries=3)],
+        redis_settings=RedisSettings.from_dsn(settings.redis_url),
+        queue_name=queue,
+        max_jobs=settings.profile.worker.concurrency,
+        job_serializer=serialize_job,
+        job_deserializer=deserialize_job,
+        on_startup=startup,
+        on_shutdown=shutdown,
+        health_check_interval=HEALTH_CHECK_INTERVAL_SECONDS,
+        health_check_key=health_check_key(queue),
+        keep_result=60,
+        burst=burst,
+        handle_signals=not burst,
+    )

@@ -1,0 +1,117 @@
+"""The scripted LM's JSONL script (ARCHITECTURE §7): parsing, per-Run cursors, and usage counting."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from fleet_worker.errors import ScriptExhausted, ScriptInvalid
+
+Role = Literal["root", "sub", "child"]
+Delay = Annotated[float, msgspec.Meta(ge=0, le=600)]
+
+
+class ActionLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="lm"):
+    """One root or child action: reasoning plus the code the REPL runs."""
+
+    reasoning: str
+    code: str
+    delay_s: Delay = 0.0
+
+
+class RootLine(ActionLine, tag="root"):
+    pass
+
+
+class ChildLine(ActionLine, tag="child"):
+    pass
+
+
+class SubLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="lm", tag="sub"):
+    """One `llm_query` answer."""
+
+    text: str
+    delay_s: Delay = 0.0
+
+
+ScriptLine = RootLine | SubLine | ChildLine
+LINE_DECODER = msgspec.json.Decoder(ScriptLine)
+
+
+class Script(msgspec.Struct, frozen=True):
+    name: str
+    lines: dict[str, tuple[ScriptLine, ...]]
+
+    def cursor(self) -> ScriptCursor:
+        return ScriptCursor(self)
+
+
+def load_script(path: Path, name: str) -> Script:
+    """Parse every line up front, so a bad script fails with its line number before any Run."""
+    by_role: dict[str, list[ScriptLine]] = {"root": [], "sub": [], "child": []}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScriptInvalid(f"cannot read scripted LM file {path}: {exc.strerror}") from None
+    # Split on newlines only: JSON strings may hold U+2028 and friends, which splitlines() breaks on.
+    for number, line_text in enumerate(text.split("\n"), start=1):
+        raw = line_text.removesuffix("\r")
+        if not raw.strip():
+            continue
+        try:
+            line = LINE_DECODER.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise ScriptInvalid(f"{path}:{number}: {exc}") from None
+        by_role[line_role(line)].append(line)
+    return Script(name, {role: tuple(lines) for role, lines in by_role.items()})
+
+
+def line_role(line: ScriptLine) -> Role:
+    match line:
+        case RootLine():
+            return "root"
+        case SubLine():
+            return "sub"
+        case ChildLine():
+            return "child"
+
+
+class ScriptCursor:
+    """One Run's position in the script: each role consumes its own lines, in order."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.positions: dict[str, int] = {"root": 0, "sub": 0, "child": 0}
+        self.lock = threading.Lock()  # llm_query_batched calls from several threads
+
+    def next(self, role: Role) -> ScriptLine:
+        with self.lock:
+            lines = self.script.lines[role]
+            index = self.positions[role]
+            if index >= len(lines):
+                raise ScriptExhausted(
+                    f"scripted/{self.script.name}: the script has no more `{role}` lines ({len(lines)} used)"
+                )
+            self.positions[role] = index + 1
+            return lines[index]
+
+
+def completion_text(line: ScriptLine) -> str:
+    """What the LM 'says': actions in DSPy's chat-adapter field format, sub answers verbatim."""
+    match line:
+        case SubLine(text=text):
+            return text
+        case RootLine() | ChildLine():
+            return (
+                f"[[ ## reasoning ## ]]\n{line.reasoning}\n\n"
+                f"[[ ## code ## ]]\n{line.code}\n\n"
+                "[[ ## completed ## ]]"
+            )
+
+
+def count_tokens(text: str) -> int:
+    """The scripted LM's usage rule: characters / 4."""
+    return len(text) // 4

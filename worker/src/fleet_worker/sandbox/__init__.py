@@ -1,0 +1,1 @@
+"""The local code sandbox: a persistent Python REPL jailed with bubblewrap."""

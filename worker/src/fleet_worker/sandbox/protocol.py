@@ -1,0 +1,133 @@
+"""Host-side frame codec for the sandbox REPL: a 4-byte big-endian length, then one JSON object."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import struct
+import time
+from collections.abc import Mapping
+from typing import Any, BinaryIO
+
+from fleet_worker.sandbox.errors import FrameTimeout, FrameTooLarge, SandboxCrashed
+
+HEADER = struct.Struct(">I")
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+READ_CHUNK_BYTES = 1024 * 1024
+
+
+def json_fallback(value: object) -> object:
+    """Make a non-JSON value sendable: pydantic-style models dump themselves, the rest become str."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        try:
+            return dump(mode="json")
+        except TypeError:
+            return dump()
+    return str(value)
+
+
+def encode_frame(message: Mapping[str, Any], *, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """Encode one message; raises FrameTooLarge rather than send something the REPL will reject."""
+    # ASCII-escaped JSON survives lone surrogates that strict UTF-8 encoding would refuse.
+    payload = json.dumps(message, default=json_fallback, separators=(",", ":")).encode("ascii")
+    if len(payload) > max_bytes:
+        raise FrameTooLarge(f"message of {len(payload)} bytes exceeds the {max_bytes}-byte frame limit")
+    return HEADER.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes) -> dict[str, Any]:
+    """Decode a frame body; anything but one JSON object means the protocol is broken."""
+    try:
+        message = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SandboxCrashed(f"REPL sent a frame that is not valid JSON: {exc}") from exc
+    if not isinstance(message, dict):
+        raise SandboxCrashed(f"REPL sent a {type(message).__name__} frame instead of an object")
+    return message
+
+
+def write_frame(target: int | BinaryIO, message: Mapping[str, Any], *, deadline: float | None = None) -> None:
+    """Write one frame to an fd or binary file; `deadline` is a time.monotonic() instant."""
+    data = encode_frame(message)
+    if isinstance(target, int):
+        write_all(target, data, deadline)
+        return
+    try:
+        if deadline is not None:
+            write_all(target.fileno(), data, deadline)
+            return
+        view = memoryview(data)
+        while view:
+            # Raw (unbuffered) files may accept only part of the data per call.
+            written = target.write(view)
+            view = view[written or 0 :]
+        target.flush()
+    except (OSError, ValueError) as exc:
+        raise SandboxCrashed(f"cannot write to the REPL: {exc}") from exc
+
+
+def read_frame(
+    source: int | BinaryIO,
+    deadline: float | None = None,
+    *,
+    max_bytes: int = MAX_FRAME_BYTES,
+) -> dict[str, Any]:
+    """Read one frame; FrameTimeout past `deadline`, SandboxCrashed on EOF or an oversize frame.
+
+    With a deadline the source must be an fd or an unbuffered file: readiness is polled on the fd.
+    """
+    (length,) = HEADER.unpack(read_exactly(source, HEADER.size, deadline))
+    if length > max_bytes:
+        raise SandboxCrashed(f"REPL announced a {length}-byte frame, over the {max_bytes} limit")
+    return decode_payload(read_exactly(source, length, deadline))
+
+
+def read_exactly(source: int | BinaryIO, size: int, deadline: float | None) -> bytes:
+    """Read exactly `size` bytes; EOF before that means the REPL is gone."""
+    if not isinstance(source, int) and deadline is not None:
+        source = source.fileno()
+    buffer = bytearray()
+    while len(buffer) < size:
+        want = min(size - len(buffer), READ_CHUNK_BYTES)
+        try:
+            if isinstance(source, int):
+                wait_ready(source, deadline, writing=False)
+                chunk = os.read(source, want)
+            else:
+                chunk = source.read(want)
+        except BlockingIOError:
+            continue
+        except (OSError, ValueError) as exc:
+            raise SandboxCrashed(f"cannot read from the REPL: {exc}") from exc
+        if not chunk:
+            raise SandboxCrashed("REPL closed its frame channel (EOF)")
+        buffer += chunk
+    return bytes(buffer)
+
+
+def write_all(fd: int, data: bytes, deadline: float | None) -> None:
+    """Write every byte to `fd`, polling for room so a stuck reader cannot block past `deadline`."""
+    view = memoryview(data)
+    while view:
+        wait_ready(fd, deadline, writing=True)
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            raise SandboxCrashed(f"cannot write to the REPL: {exc}") from exc
+        view = view[written:]
+
+
+def wait_ready(fd: int, deadline: float | None, *, writing: bool) -> None:
+    """Block until `fd` is readable/writable; poll() rather than select() has no 1024-fd ceiling."""
+    if deadline is None:
+        return
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if writing else select.POLLIN)
+    remaining = deadline - time.monotonic()
+    if not poller.poll(max(0, math.ceil(remaining * 1000))):
+        raise FrameTimeout("timed out waiting for the REPL")
