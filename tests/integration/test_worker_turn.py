@@ -104,9 +104,7 @@ def make_settings(
 
 
 @pytest.fixture
-async def harness_factory(
-    database_url: str, redis_url: str, work_dir: Path
-) -> AsyncIterator[object]:
+async def harness_factory(database_url: str, redis_url: str, work_dir: Path) -> AsyncIterator[object]:
     engines = []
     client = aioredis.Redis.from_url(redis_url)
 

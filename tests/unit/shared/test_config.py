@@ -166,9 +166,7 @@ def test_unknown_key_in_config_header(tmp_path: Path) -> None:
             "profiles.p.runtime",
             id="section",
         ),
-        pytest.param(
-            "[profiles.p]", "bogus = 1", "bogus", "profiles.p", id="profile"
-        ),
+        pytest.param("[profiles.p]", "bogus = 1", "bogus", "profiles.p", id="profile"),
     ],
 )
 def test_unknown_key_in_profile_names_the_dotted_path(
