@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +19,19 @@ REDIS_URL = os.environ.get("FLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 POSTGRES_ADMIN_DSN = os.environ.get(
     "FLEET_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
+
+
+@pytest.fixture
+def traversable_dir() -> Iterator[Path]:
+    """A fresh directory the sandbox's uid can pass through.
+
+    pytest's own tmp dirs sit under a 0700 base, which uid 65534 (the sandbox user on a root
+    host) cannot search; this one is 0711 under /tmp.
+    """
+    path = Path(tempfile.mkdtemp(prefix="fleet-test-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -243,3 +244,49 @@ def test_turn_in_progress_is_refused(probe_stack: Stack) -> None:
         body = first.read()
     assert busy.status_code == 409 and busy.json()["code"] == "turn_in_progress"
     assert body.endswith(b"data: [DONE]\n\n")
+
+
+def test_failed_turn_ends_with_error_and_both_sdks_accept_it(probe_stack: Stack, node_check: Path) -> None:
+    session_id = new_session(probe_stack)
+    with probe_stack.client() as client:
+        stream = post_turn(client, session_id, "fail", "fail-1")
+        history = client.get(f"/api/sessions/{session_id}/turns").json()
+        after = post_turn(client, session_id, "probe", "after-fail")  # the session is unlocked
+    assert_well_formed(stream)
+    assert stream.types[-2:] == ["error", "finish"]
+    assert stream.chunks[-1] == {"type": "finish", "finishReason": "error"}
+    assert stream.chunks[-2]["errorText"].startswith("script_exhausted: ")
+    for alias in ("ai6", "ai7"):
+        ai_sdk_parse(node_check, alias, stream.raw)
+    assistant = history["items"][-1]
+    assert assistant["role"] == "assistant" and assistant["metadata"]["status"] == "failed"
+    assert after.chunks[-1]["finishReason"] == "stop"
+
+
+def test_logs_carry_ids_and_no_secrets(demo_stack: Stack) -> None:
+    session_id = new_session(demo_stack)
+    with demo_stack.client() as client:
+        stream = post_turn(client, session_id, "log me", "log-1")
+    run_id = stream.headers["x-fleet-run-id"]
+
+    def read_logs() -> dict[str, str]:
+        return {
+            name: (demo_stack.data_dir / "logs" / f"{name}.log").read_text() for name in ("gateway", "worker")
+        }
+
+    deadline = time.monotonic() + 10  # the worker logs its last line just after the stream ends
+    while '"turn.settled"' not in read_logs()["worker"].split(run_id, 1)[-1] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    logs = read_logs()
+    for text in logs.values():
+        assert SECRET_SENTINEL not in text
+    gateway_lines = [json.loads(line) for line in logs["gateway"].splitlines() if line.startswith("{")]
+    claimed = [
+        line for line in gateway_lines if line.get("event") == "turn.claimed" and line.get("run_id") == run_id
+    ]
+    assert claimed and claimed[0]["session_id"] == session_id and claimed[0]["request_id"]
+    worker_lines = [json.loads(line) for line in logs["worker"].splitlines() if line.startswith("{")]
+    settled = [
+        line for line in worker_lines if line.get("event") == "turn.settled" and line.get("run_id") == run_id
+    ]
+    assert settled and settled[0]["status"] == "completed"

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -36,12 +34,8 @@ HOST_SERVICES = {"redis": 6379, "postgresql": 5432}
 
 
 @pytest.fixture
-def workspace() -> Iterator[Path]:
-    # mkdtemp rather than tmp_path: on a root host the jail runs as uid 65534, which cannot
-    # search pytest's private (0700) base directory.
-    path = Path(tempfile.mkdtemp(prefix="fleet-ws-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def workspace(traversable_dir: Path) -> Path:
+    return traversable_dir / "ws"
 
 
 @pytest.fixture

@@ -4,9 +4,7 @@ and both databases. The LM is the scripted LM: no provider is reachable here."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,12 +34,8 @@ def script(tmp: Path, *lines: dict[str, object]) -> Path:
 
 
 @pytest.fixture
-def work_dir() -> Iterator[Path]:
-    """A data dir the sandbox uid can traverse (pytest's tmp dirs are 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="fleet-worker-test-"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def work_dir(traversable_dir: Path) -> Path:
+    return traversable_dir
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 from arq.connections import ArqRedis
 from litestar import Litestar, Request, Router
 from litestar.connection import ASGIConnection
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.handlers.base import BaseRouteHandler
 from redis.asyncio import ConnectionPool
 from redis.exceptions import RedisError
@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import EXCEPTION_HANDLERS, ApiError, envelope
 from fleet_gateway.fanout import EventFanout
-from fleet_gateway.middleware import request_id_middleware
+from fleet_gateway.middleware import add_request_id_header, request_id_middleware
 from fleet_gateway.routes.health import health, ready
 from fleet_gateway.routes.sessions import SessionController
 from fleet_gateway.routes.turns import TurnController
@@ -54,7 +54,7 @@ def create_app(settings: Settings) -> Litestar:
     def provide_state() -> GatewayState:
         return holder["state"]
 
-    async def provide_db(gw: GatewayState) -> AsyncIterator[AsyncSession]:
+    async def provide_db(gw: NamedDependency[GatewayState]) -> AsyncIterator[AsyncSession]:
         async with gw.sessions() as session:
             yield session
 
@@ -76,6 +76,7 @@ def create_app(settings: Settings) -> Litestar:
             RedisError: dependency_down("Redis"),
         },
         middleware=[request_id_middleware],
+        before_send=[add_request_id_header],
         request_max_body_size=settings.profile.gateway.limits.max_body_bytes,
         openapi_config=None,
     )

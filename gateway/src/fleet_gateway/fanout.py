@@ -12,7 +12,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from fleet_shared import redis_keys
+from fleet_shared import event_log
 from fleet_shared.events import RunEvent, decode_event
 
 log = structlog.get_logger(__name__)
@@ -72,7 +72,7 @@ class EventFanout:
     async def listen_once(self) -> None:
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(redis_keys.EVENTS_CHANNEL)
+            await pubsub.subscribe(event_log.events_channel(self.redis))
             self.connected.set()
             self.broadcast_resync()  # anything published while we were away is in the logs
             async for message in pubsub.listen():

@@ -1,4 +1,4 @@
-"""ASGI middleware: an `x-request-id` on every response, bound into the log context."""
+"""Request ids: every response gets `x-request-id`; matched requests bind it into the log context."""
 
 from __future__ import annotations
 
@@ -13,23 +13,29 @@ REQUEST_ID_HEADER = b"x-request-id"
 SAFE_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 
 
+def request_id_of(scope: Scope) -> str:
+    """The caller's id when it is safe to echo, else a new one; stored once per request."""
+    state = scope.setdefault("state", {})
+    if "request_id" not in state:
+        incoming = dict(scope.get("headers", [])).get(REQUEST_ID_HEADER, b"")
+        state["request_id"] = incoming.decode() if SAFE_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+    return str(state["request_id"])
+
+
 def request_id_middleware(app: ASGIApp) -> ASGIApp:
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
-        incoming = dict(scope.get("headers", [])).get(REQUEST_ID_HEADER, b"")
-        request_id = incoming if SAFE_REQUEST_ID.match(incoming) else uuid.uuid4().hex.encode()
-        scope.setdefault("state", {})["request_id"] = request_id.decode()
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != REQUEST_ID_HEADER]
-                headers.append((REQUEST_ID_HEADER, request_id))
-                message["headers"] = headers
-            await send(message)
-
-        with structlog.contextvars.bound_contextvars(request_id=request_id.decode()):
-            await app(scope, receive, send_with_id)
+        with structlog.contextvars.bound_contextvars(request_id=request_id_of(scope)):
+            await app(scope, receive, send)
 
     return middleware
+
+
+async def add_request_id_header(message: Message, scope: Scope) -> None:
+    """A before_send hook, so unmatched routes (404/405) get the header too."""
+    if message["type"] == "http.response.start":
+        headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != REQUEST_ID_HEADER]
+        headers.append((REQUEST_ID_HEADER, request_id_of(scope).encode()))
+        message["headers"] = headers

@@ -10,6 +10,10 @@ from fleet_shared.events import RunEvent, decode_event, encode_event
 FIELD = b"e"
 
 
+def events_channel(redis: Redis) -> str:
+    return redis_keys.events_channel(int(redis.connection_pool.connection_kwargs.get("db", 0)))
+
+
 def stream_id(seq: int) -> str:
     """Stream entry ids are `<seq>-0`: ordered, and a second write of the same seq is refused."""
     return f"{seq}-0"
@@ -22,7 +26,7 @@ async def append(redis: Redis, event: RunEvent) -> None:
     async with redis.pipeline(transaction=True) as pipe:
         pipe.xadd(key, {FIELD: payload}, id=stream_id(event.seq))
         pipe.expire(key, redis_keys.EVENT_LOG_TTL_SECONDS)
-        pipe.publish(redis_keys.EVENTS_CHANNEL, payload)
+        pipe.publish(events_channel(redis), payload)
         await pipe.execute()
 
 

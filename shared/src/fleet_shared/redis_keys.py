@@ -1,23 +1,18 @@
-"""Redis key names: one prefix and pure functions, so every key fleet writes is listed here."""
+"""Redis key names: one prefix and pure functions, so every key fleet writes is listed here.
+
+arq owns its own keys (the queue, job records, `<queue>:health-check`); see `fleet_shared.queue`.
+"""
 
 PREFIX = "fleet"
-EVENTS_CHANNEL = f"{PREFIX}:events"  # pub/sub: every Run's events, as encoded Runtime Events
 EVENT_LOG_TTL_SECONDS = 24 * 3600  # how long a Run's stream log outlives its last write
-WORKER_HEARTBEAT_PATTERN = f"{PREFIX}:worker:*:heartbeat"
+
+
+def events_channel(db: int) -> str:
+    """Pub/sub carrying every Run's encoded events. Channels ignore the DB number, so it is named
+    in the channel: deployments sharing one Redis on different DBs never hear each other."""
+    return f"{PREFIX}:events:db{db}"
 
 
 def run_events(run_id: str) -> str:
-    """The Redis Stream that logs a Run's events in order; the source of truth for replay."""
+    """The Redis Stream that logs a Run's events in order; the source of truth while it runs."""
     return f"{PREFIX}:run:{run_id}:events"
-
-
-def run_lease(run_id: str) -> str:
-    return f"{PREFIX}:run:{run_id}:lease"
-
-
-def run_cancel(run_id: str) -> str:
-    return f"{PREFIX}:run:{run_id}:cancel"
-
-
-def worker_heartbeat(worker_id: str) -> str:
-    return f"{PREFIX}:worker:{worker_id}:heartbeat"

@@ -8,6 +8,7 @@ from importlib.metadata import version
 from typing import Any
 
 from litestar import Response, get
+from litestar.di import NamedDependency
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -26,7 +27,7 @@ async def health() -> Health:
 
 
 @get(["/ready", "/health/ready"], exclude_from_auth=True)
-async def ready(gw: GatewayState) -> Response[Health]:
+async def ready(gw: NamedDependency[GatewayState]) -> Response[Health]:
     names = ("database", "redis", "worker")
     results = await asyncio.gather(
         bounded(check_database(gw)), bounded(check_redis(gw)), bounded(check_worker(gw))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from litestar import Controller, get, post
-from litestar.params import Parameter
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import ApiError, not_found
@@ -29,7 +30,9 @@ class SessionController(Controller):
     path = "/api/sessions"
 
     @post("/", status_code=201)
-    async def create_session(self, db: AsyncSession, data: CreateSession | None = None) -> SessionOut:
+    async def create_session(
+        self, db: NamedDependency[AsyncSession], data: JSONBody[CreateSession | None] = None
+    ) -> SessionOut:
         title = (data.title if data else "").strip()
         session = await queries.create_session(db, title)
         return SessionOut.of(session, iso)
@@ -37,11 +40,11 @@ class SessionController(Controller):
     @get("/")
     async def list_sessions(
         self,
-        db: AsyncSession,
-        status: str | None = None,
-        search: Annotated[str | None, Parameter(max_length=200)] = None,
-        limit: Annotated[int, Parameter(ge=1, le=100)] = 50,
-        offset: Annotated[int, Parameter(ge=0)] = 0,
+        db: NamedDependency[AsyncSession],
+        status: FromQuery[str | None] = None,
+        search: Annotated[str | None, QueryParameter(max_length=200)] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=100)] = 50,
+        offset: Annotated[int, QueryParameter(ge=0)] = 0,
     ) -> SessionPage:
         if status not in (None, "active", "archived"):
             raise ApiError(422, "validation_error", "status must be 'active' or 'archived'")
@@ -51,5 +54,5 @@ class SessionController(Controller):
         return SessionPage([SessionOut.of(s, iso) for s in rows], total)
 
     @get("/{session_id:str}")
-    async def get_session(self, db: AsyncSession, session_id: str) -> SessionOut:
+    async def get_session(self, db: NamedDependency[AsyncSession], session_id: FromPath[str]) -> SessionOut:
         return SessionOut.of(await load_session(db, session_id), iso)

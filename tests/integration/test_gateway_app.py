@@ -1,0 +1,122 @@
+"""The gateway app in-process (Litestar's test client) against real SQLite/PostgreSQL and Redis:
+readiness, a dead Redis, auth, and the error envelope."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from litestar.testing import TestClient
+
+from fleet_gateway.app import create_app
+from fleet_shared.config import Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def settings_for(database_url: str, redis_url: str, **extra: str) -> Settings:
+    return load_settings(
+        {
+            "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
+            "FLEET_DATABASE_URL": database_url,
+            "FLEET_REDIS_URL": redis_url,
+            **extra,
+        }
+    )
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nothing listens once the socket closes
+
+
+@pytest.fixture
+def dead_redis_client(database_url: str) -> Iterator[TestClient]:  # type: ignore[type-arg]
+    settings = settings_for(database_url, f"redis://127.0.0.1:{closed_port()}/0")
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def test_ready_is_503_while_the_schema_is_behind(tmp_path: Path, redis_url: str) -> None:
+    settings = settings_for(f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}", redis_url)
+    with TestClient(create_app(settings)) as client:
+        response = client.get("/ready")
+        alias = client.get("/health/ready")
+        health = client.get("/health")
+    assert response.status_code == 503 and alias.status_code == 503
+    body = response.json()
+    assert body["status"] == "unavailable"
+    assert "fleet db upgrade" in body["checks"]["database"]
+    assert body["checks"]["redis"] == "ok"
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_dead_redis_fails_the_turn_cleanly_and_unlocks_the_session(
+    dead_redis_client: TestClient,  # type: ignore[type-arg]
+) -> None:
+    client = dead_redis_client
+    ready = client.get("/ready")
+    assert ready.status_code == 503 and ready.json()["checks"]["redis"].startswith("unreachable")
+    session_id = client.post("/api/sessions", json={}).json()["id"]
+    response = client.post(
+        f"/api/sessions/{session_id}/turns", json={"text": "hi"}, headers={"Idempotency-Key": "a"}
+    )
+    assert response.status_code == 200
+    text = response.text
+    assert '"errorText":"enqueue_failed: ' in text
+    assert text.endswith('{"type":"finish","finishReason":"error"}\n\ndata: [DONE]\n\n')
+    history = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
+    assert [m["role"] for m in history] == ["user"]
+    again = client.post(
+        f"/api/sessions/{session_id}/turns", json={"text": "hi"}, headers={"Idempotency-Key": "b"}
+    )
+    assert again.status_code == 200  # not 409: the failed Run released the session
+
+
+def test_bearer_auth_when_a_token_is_set(sqlite_url: str, redis_url: str) -> None:
+    settings = settings_for(sqlite_url, redis_url, FLEET_API_TOKEN="t0ken-value")
+    with TestClient(create_app(settings)) as client:
+        missing = client.get("/api/sessions")
+        wrong = client.get("/api/sessions", headers={"Authorization": "Bearer nope"})
+        right = client.get("/api/sessions", headers={"Authorization": "Bearer t0ken-value"})
+        health = client.get("/health")
+    assert missing.status_code == 401 and missing.json()["code"] == "auth_required"
+    assert wrong.status_code == 401
+    assert right.status_code == 200
+    assert health.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("GET", "/nowhere", 404, "not_found"),
+        ("DELETE", "/api/sessions", 405, "method_not_allowed"),
+        ("GET", "/api/sessions?limit=1000", 422, "validation_error"),
+        ("GET", "/api/sessions?status=bogus", 422, "validation_error"),
+        ("GET", "/api/sessions/00000000-0000-0000-0000-000000000000/turns", 404, "not_found"),
+    ],
+)
+def test_error_envelope(
+    sqlite_url: str, redis_url: str, method: str, path: str, status: int, code: str
+) -> None:
+    with TestClient(create_app(settings_for(sqlite_url, redis_url))) as client:
+        response = client.request(method, path, headers={"x-request-id": "req-123"})
+    assert response.status_code == status
+    assert response.json()["code"] == code and response.json()["message"]
+    assert response.headers["x-request-id"] == "req-123"
+
+
+def test_sessions_list_search_and_paging(sqlite_url: str, redis_url: str) -> None:
+    with TestClient(create_app(settings_for(sqlite_url, redis_url))) as client:
+        marker = f"paging-{asyncio.get_event_loop_policy().__class__.__name__}"
+        for i in range(3):
+            assert client.post("/api/sessions", json={"title": f"{marker} {i}"}).status_code == 201
+        page = client.get("/api/sessions", params={"search": marker, "limit": 2}).json()
+        rest = client.get("/api/sessions", params={"search": marker, "limit": 2, "offset": 2}).json()
+        one = client.get(f"/api/sessions/{page['items'][0]['id']}").json()
+    assert page["total"] == 3 and len(page["items"]) == 2 and len(rest["items"]) == 1
+    assert one["title"].startswith(marker) and one["status"] == "active"

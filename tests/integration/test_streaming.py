@@ -1,0 +1,167 @@
+"""The Turn stream against real Redis: log-first delivery, gap filling, heartbeats, one pub/sub.
+
+The gateway's streaming code runs in-process here; the events come from Redis exactly as a worker
+writes them (Stream log + pub/sub), and the DB is real SQLite/PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+import redis.asyncio as aioredis
+
+from fleet_gateway.fanout import EventFanout
+from fleet_gateway.streaming import RunView, StreamDeps, stream_run
+from fleet_shared import event_log, redis_keys
+from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.events import (
+    Answer,
+    IterationFinished,
+    IterationStarted,
+    Reasoning,
+    RunCompleted,
+    RunEvent,
+    StatusChanged,
+)
+from fleet_shared.ids import new_id
+
+
+@pytest.fixture
+async def fanout(redis_url: str) -> AsyncIterator[EventFanout]:
+    client = aioredis.Redis.from_url(redis_url)
+    fan = EventFanout(client)
+    await fan.start()
+    await asyncio.wait_for(fan.connected.wait(), 5)
+    yield fan
+    await fan.stop()
+    await client.aclose()
+
+
+@pytest.fixture
+async def deps(fanout: EventFanout, sqlite_url: str) -> AsyncIterator[StreamDeps]:
+    engine = create_engine(sqlite_url)
+    yield StreamDeps(fanout.redis, fanout, session_factory(engine), heartbeat_seconds=0.3)
+    await engine.dispose()
+
+
+def run_view(run_id: str) -> RunView:
+    return RunView(run_id, new_id(), "scripted/test", datetime.now(UTC), "running")
+
+
+def body(run_id: str) -> list[RunEvent]:
+    return [
+        StatusChanged(run_id=run_id, seq=1, phase="execution"),
+        IterationStarted(run_id=run_id, seq=2, iteration=1),
+        Reasoning(run_id=run_id, seq=3, part_id="r1", text="hm"),
+        IterationFinished(run_id=run_id, seq=4, iteration=1),
+        Answer(run_id=run_id, seq=5, part_id="t1", text="yes"),
+        RunCompleted(run_id=run_id, seq=6, duration_ms=3),
+    ]
+
+
+def chunks(frames: list[bytes]) -> list[dict[str, object]]:
+    out = []
+    for frame in frames:
+        data = frame.decode().split("data: ", 1)[1].strip()
+        if data != "[DONE]":
+            out.append(json.loads(data))
+    return out
+
+
+async def collect(stream: AsyncIterator[bytes]) -> list[bytes]:
+    async with asyncio.timeout(10):
+        return [frame async for frame in stream]
+
+
+async def test_events_published_before_the_stream_opened_are_not_lost(
+    deps: StreamDeps, redis_client: aioredis.Redis
+) -> None:
+    run_id = new_id()
+    events = body(run_id)
+    for event in events[:3]:  # the worker raced ahead of the client's subscription
+        await event_log.append(redis_client, event)
+    stream = stream_run(deps, run_view(run_id), delivery="live")
+    first = [await anext(stream) for _ in range(1 + 1 + 1 + 3)]  # start, status, start-step, reasoning x3
+    for event in events[3:]:
+        await event_log.append(redis_client, event)
+    frames = first + await collect(stream)
+    types = [c["type"] for c in chunks(frames)]
+    assert types == [
+        "start",
+        "data-status",
+        "start-step",
+        "reasoning-start",
+        "reasoning-delta",
+        "reasoning-end",
+        "finish-step",
+        "text-start",
+        "text-delta",
+        "text-end",
+        "finish",
+    ]
+    assert frames[-1] == b"data: [DONE]\n\n"
+    ids = [frame.decode().split("\n", 1)[0] for frame in frames[1:-1]]
+    assert ids[0] == "id: 1" and ids[-1] == "id: 6"
+
+
+async def test_a_missed_notification_is_filled_from_the_log(
+    deps: StreamDeps, redis_client: aioredis.Redis
+) -> None:
+    run_id = new_id()
+    events = body(run_id)
+    stream = stream_run(deps, run_view(run_id), delivery="live")
+    await anext(stream)  # start: now subscribed
+    # Events 1-4 reach the log without a notification (as if pub/sub dropped them) ...
+    for event in events[:4]:
+        await redis_client.xadd(
+            redis_keys.run_events(run_id), {"e": event_log.encode_event(event)}, id=f"{event.seq}-0"
+        )
+    # ... then 5 and 6 arrive normally: the stream notices the gap and reads the log.
+    for event in events[4:]:
+        await event_log.append(redis_client, event)
+    types = [c["type"] for c in chunks(await collect(stream))]
+    assert types[0] == "data-status" and types[-1] == "finish"
+    assert types.count("text-delta") == 1 and "reasoning-delta" in types
+
+
+async def test_heartbeats_fill_silence(deps: StreamDeps, redis_client: aioredis.Redis) -> None:
+    run_id = new_id()
+    events = body(run_id)
+    stream = stream_run(deps, run_view(run_id), delivery="live")
+    await anext(stream)
+    beats = [await anext(stream) for _ in range(2)]  # nothing published: only heartbeats come
+    for event in events:
+        await event_log.append(redis_client, event)
+    rest = await collect(stream)
+    for beat in chunks(beats):
+        assert beat == {
+            "type": "data-status",
+            "data": {"phase": "queued", "status": "heartbeat"},
+            "transient": True,
+        }
+    assert chunks(rest)[-1]["type"] == "finish"
+
+
+async def test_many_streams_share_one_pubsub_connection(
+    deps: StreamDeps, redis_client: aioredis.Redis
+) -> None:
+    runs = [new_id() for _ in range(8)]
+    streams = [stream_run(deps, run_view(run_id), delivery="live") for run_id in runs]
+    for stream in streams:
+        await anext(stream)  # start
+    await asyncio.gather(*(anext(stream) for stream in streams))  # a heartbeat: all are listening
+    channel = event_log.events_channel(redis_client)
+    (_name, subscribers), *_ = await redis_client.pubsub_numsub(channel)
+    assert subscribers == 1
+    assert deps.fanout.active_streams == 8
+    for run_id in runs:
+        for event in body(run_id):
+            await event_log.append(redis_client, event)
+    results = await asyncio.gather(*(collect(stream) for stream in streams))
+    for frames in results:
+        assert chunks(frames)[-1]["type"] == "finish"
+    assert deps.fanout.active_streams == 0
