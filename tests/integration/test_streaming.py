@@ -165,3 +165,23 @@ async def test_many_streams_share_one_pubsub_connection(
     for frames in results:
         assert chunks(frames)[-1]["type"] == "finish"
     assert deps.fanout.active_streams == 0
+
+
+async def test_a_client_that_goes_away_releases_its_subscription(deps: StreamDeps) -> None:
+    """The server cancels the body task on disconnect; the fan-out must forget that stream."""
+    stream = stream_run(deps, run_view(new_id()), delivery="live")
+
+    async def consume() -> None:
+        async for _frame in stream:
+            pass
+
+    task = asyncio.create_task(consume())
+    for _ in range(50):
+        await asyncio.sleep(0.02)
+        if deps.fanout.active_streams == 1:
+            break
+    assert deps.fanout.active_streams == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert deps.fanout.active_streams == 0

@@ -193,3 +193,74 @@ async def test_runaway_cell_is_killed_and_the_turn_recovers(harness_factory) -> 
     assert run is not None and run.status == "completed"
     failed_cells = [e for e in await harness.events(run_id) if isinstance(e, CellOutput) and e.error]
     assert len(failed_cells) == 1 and "exceeded the 2s timeout" in (failed_cells[0].error or "")
+
+
+async def test_a_commit_whose_acknowledgement_was_lost_is_recognised(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """The retry after a lost COMMIT acknowledgement finds its own commit, not a foreign one."""
+    from fleet_shared.run_state import RunCommand, RunStatus
+    from fleet_worker.settlement import commit_once
+
+    harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
+    run_id = await harness.submit()
+    await harness.work()
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+        assert run is not None
+        mine = queries.Settlement(
+            run_id=run_id,
+            session_id=run.session_id,
+            attempt=run.attempt,
+            current=RunStatus.SETTLING,
+            command=RunCommand.COMPLETE,
+            sequence=run.user_sequence + 1,
+            parts=[],
+            turn_status="completed",
+            events=[],
+        )
+        assert await commit_once(db, mine) is True
+        assert await commit_once(db, msgspec.structs.replace(mine, attempt=run.attempt + 1)) is False
+        assert await commit_once(db, msgspec.structs.replace(mine, command=RunCommand.FAIL)) is False
+        turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
+    assert len(turns) == 2  # nothing was written twice
+
+
+async def test_reaper_settles_runs_whose_lease_lapsed(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from fleet_shared import redis_keys
+    from fleet_shared.db.models import Run
+    from fleet_shared.events import Reasoning
+    from fleet_worker.reaper import reap_lost_runs
+    from fleet_worker.turn import WorkerDeps
+
+    harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
+    lost, leased, fresh = [await harness.submit(f"run {i}") for i in range(3)]
+    long_ago = datetime.now(UTC) - timedelta(minutes=5)
+    async with harness.sessions() as db:
+        for run_id in (lost, leased, fresh):
+            assert await queries.start_run(db, run_id) is not None
+        await db.execute(update(Run).where(Run.id.in_([lost, leased])).values(started_at=long_ago))
+        await db.commit()
+    # The lost Run's worker had published two events before it died.
+    await event_log.append(harness.redis, Reasoning(run_id=lost, seq=1, part_id="r", text="hm"))
+    await event_log.append(harness.redis, Reasoning(run_id=lost, seq=2, part_id="r2", text="hmm"))
+    await harness.redis.set(redis_keys.run_lease(leased), "alive", px=60_000)
+
+    deps = WorkerDeps(harness.settings, harness.sessions, harness.redis, None, {})  # type: ignore[arg-type]
+    assert await reap_lost_runs({"deps": deps}) >= 1  # other tests' abandoned Runs may be reaped too
+    assert await reap_lost_runs({"deps": deps}) == 0  # idempotent
+
+    async with harness.sessions() as db:
+        statuses = {r: (await queries.get_run(db, r)).status for r in (lost, leased, fresh)}  # type: ignore[union-attr]
+        run = await queries.get_run(db, lost)
+        assert run is not None
+        turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
+    assert statuses == {lost: "failed", leased: "running", fresh: "running"}
+    assert run.failure_code == "worker_lost"
+    assert turns[-1].role == "assistant" and turns[-1].status == "failed"
+    assert [p["text"] for p in turns[-1].parts if p["type"] == "reasoning"] == ["hm", "hmm"]
+    logged = await harness.events(lost)
+    assert [e.seq for e in logged] == [1, 2, 3]
+    assert isinstance(logged[-1], RunFailed) and logged[-1].code == "worker_lost"

@@ -26,7 +26,7 @@ from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import migrate
 
 READY_TIMEOUT_SECONDS = 60.0
-STOP_TIMEOUT_SECONDS = 15.0
+STOP_GRACE_SECONDS = 15.0  # beyond the workers' drain time: settling a cancelled Turn
 PR_SET_PDEATHSIG = 1
 
 
@@ -50,6 +50,7 @@ class Stack:
     children: list[Child] = field(default_factory=list)
     redis: Child | None = None
     stopping: bool = False
+    drain_seconds: float = 0.0
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str], log: Path | None = None) -> Child:
         out = open(log, "ab") if log else None  # noqa: SIM115 - owned by the child for its lifetime
@@ -67,7 +68,7 @@ class Stack:
     def stop(self) -> None:
         for child in reversed(self.children):  # workers first, then the gateway
             signal_group(child, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        deadline = time.monotonic() + self.drain_seconds + STOP_GRACE_SECONDS
         for child in self.children:
             wait_or_kill(child, deadline)
         if self.redis is not None:
@@ -165,7 +166,7 @@ def run_embedded(*, profile: str | None, host: str, port: int, workers: int) -> 
     # 0711: the sandbox's uid may pass through to its workspace, but nobody may list the folder.
     data_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
     data_dir.chmod(0o711)
-    stack = Stack()
+    stack = Stack(drain_seconds=settings.profile.worker.drain_seconds)
 
     def request_stop(_signum: int, _frame: FrameType | None) -> None:
         stack.stopping = True

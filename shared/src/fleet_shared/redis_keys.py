@@ -16,3 +16,8 @@ def events_channel(db: int) -> str:
 def run_events(run_id: str) -> str:
     """The Redis Stream that logs a Run's events in order; the source of truth while it runs."""
     return f"{PREFIX}:run:{run_id}:events"
+
+
+def run_lease(run_id: str) -> str:
+    """Held (with a short TTL, renewed) by the worker running the Run; its absence means lost."""
+    return f"{PREFIX}:run:{run_id}:lease"

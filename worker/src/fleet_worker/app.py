@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 import structlog
 from arq import Worker
 from arq.connections import RedisSettings
+from arq.cron import cron
 from arq.worker import func
 from redis.asyncio import Redis
 
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
+from fleet_worker.reaper import reap_lost_runs
 from fleet_worker.sandbox.local import LocalSandboxConfig, LocalSandboxProvider
 from fleet_worker.turn import WorkerDeps, run_turn
 
 log = structlog.get_logger(__name__)
 HEALTH_CHECK_INTERVAL_SECONDS = 5
+REAPER_SECONDS = set(range(0, 60, 2))
 
 
 def sandbox_provider(settings: Settings) -> LocalSandboxProvider:
@@ -52,6 +57,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             redis=Redis.from_url(settings.redis_url),
             sandboxes=sandboxes,
             scripts={},
+            worker_id=f"{socket.gethostname()}:{os.getpid()}",
         )
         log.info("worker.started", queue=queue, concurrency=settings.profile.worker.concurrency)
 
@@ -65,6 +71,8 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
     timeout = settings.profile.runtime.turn_timeout_seconds + 60  # our own deadline fires first
     return Worker(
         functions=[func(run_turn, name=RUN_TURN, timeout=timeout, max_tries=3)],
+        # Every few seconds one worker (arq makes each tick's job unique) reaps lost Runs.
+        cron_jobs=[] if burst else [cron(reap_lost_runs, second=REAPER_SECONDS, run_at_startup=True)],
         redis_settings=RedisSettings.from_dsn(settings.redis_url),
         queue_name=queue,
         max_jobs=settings.profile.worker.concurrency,
@@ -75,6 +83,9 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         health_check_interval=HEALTH_CHECK_INTERVAL_SECONDS,
         health_check_key=health_check_key(queue),
         keep_result=60,
+        # SIGTERM: stop taking jobs, let running Turns finish for drain_seconds, then cancel them
+        # (run_turn settles a cancelled Turn as failed with `worker_shutdown`).
+        job_completion_wait=int(settings.profile.worker.drain_seconds),
         burst=burst,
         handle_signals=not burst,
     )

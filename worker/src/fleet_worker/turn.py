@@ -31,10 +31,12 @@ from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, usage_payload
 from fleet_worker import dspy_adapter
 from fleet_worker.errors import SandboxFailed, TurnFailed, TurnStopped, TurnTimedOut
+from fleet_worker.lease import hold_lease
 from fleet_worker.lm.script import Script, load_script
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
+from fleet_worker.settlement import commit_with_retry
 
 log = structlog.get_logger(__name__)
 STOP_GRACE_SECONDS = 10.0
@@ -49,6 +51,7 @@ class WorkerDeps:
     redis: Redis
     sandboxes: LocalSandboxProvider
     scripts: dict[Path, Script]
+    worker_id: str = "worker"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Outcome:
+    """How execution ended. `command` moves the Run out of settling: COMPLETE, FAIL or TIME_OUT."""
+
     command: RunCommand
     turn_status: str
     answer: str | None = None
@@ -77,6 +82,14 @@ class Outcome:
     lm_usage: dict[str, dict[str, int]] | None = None
     failure_code: str | None = None
     failure_message: str | None = None
+
+
+SHUTDOWN_OUTCOME = Outcome(
+    RunCommand.FAIL,
+    "failed",
+    failure_code="worker_shutdown",
+    failure_message="the worker shut down before the Turn finished; send it again",
+)
 
 
 async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
@@ -89,9 +102,18 @@ async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
             return "duplicate"
         log.info("turn.claimed", attempt=claim.attempt)
         async with AsyncExitStack() as cleanup:
+            lease_seconds = deps.settings.profile.worker.lease_seconds
+            await cleanup.enter_async_context(hold_lease(deps.redis, run_id, deps.worker_id, lease_seconds))
             sink = EventSink(deps.redis, run_id)
             cleanup.push_async_callback(sink.close)
-            outcome = await prepare_and_execute(deps, claim, sink, cleanup)
+            try:
+                outcome = await prepare_and_execute(deps, claim, sink, cleanup)
+            except asyncio.CancelledError:
+                # The worker is shutting down (its drain time ran out): end the Turn properly
+                # instead of leaving it running, then let arq see the cancellation.
+                await asyncio.shield(settle_and_commit(deps, claim, sink, SHUTDOWN_OUTCOME))
+                log.warning("turn.settled", status="failed", failure_code=SHUTDOWN_OUTCOME.failure_code)
+                raise
             status = await settle_and_commit(deps, claim, sink, outcome)
         log.info("turn.settled", status=status, failure_code=outcome.failure_code)
         return status
@@ -190,7 +212,11 @@ async def execute(deps: WorkerDeps, claim: Claim, prepared: Prepared, sink: Even
             new_session=prepared.lease.new_session,
         )
     )
-    done, _ = await asyncio.wait({program}, timeout=settings.profile.runtime.turn_timeout_seconds)
+    try:
+        done, _ = await asyncio.wait({program}, timeout=settings.profile.runtime.turn_timeout_seconds)
+    except asyncio.CancelledError:
+        await asyncio.shield(stop_program(program, stop, prepared.lease))
+        raise
     if not done:
         await stop_program(program, stop, prepared.lease)
         raise TurnTimedOut(
@@ -199,7 +225,7 @@ async def execute(deps: WorkerDeps, claim: Claim, prepared: Prepared, sink: Even
         )
     result = program.result()
     return Outcome(
-        RunCommand.SETTLE,
+        RunCommand.COMPLETE,
         "completed",
         answer=result.answer,
         iterations=result.iterations,
@@ -261,7 +287,8 @@ def find_cause(exc: BaseException) -> BaseException:
 
 
 async def settle_and_commit(deps: WorkerDeps, claim: Claim, sink: EventSink, outcome: Outcome) -> str:
-    """Emit the last body events, then commit Turn + events + status in one fenced transaction."""
+    """Emit the last body events, commit Turn + events + status in one fenced transaction, and
+    only then publish the terminal event: a client never sees an ending that was not committed."""
     sink.emit(StatusChanged(run_id=claim.run_id, phase="settling"))
     duration_ms = int((time.monotonic() - claim.started) * 1000)
     if outcome.answer is not None:
@@ -270,33 +297,22 @@ async def settle_and_commit(deps: WorkerDeps, claim: Claim, sink: EventSink, out
     sink.emit(usage)
     await sink.drain()
     terminal = sink.stamp_terminal(terminal_event(claim.run_id, outcome, duration_ms))
-    async with deps.sessions() as db:
-        if not await queries.apply_transition(
-            db, claim.run_id, RunStatus.RUNNING, RunCommand.SETTLE, attempt=claim.attempt
-        ):
-            await db.rollback()
-            log.warning("turn.fenced_out", stage="settle")
-            return "fenced"
-        await db.commit()
-        committed = await queries.commit_settlement(
-            db,
-            queries.Settlement(
-                run_id=claim.run_id,
-                session_id=claim.session_id,
-                attempt=claim.attempt,
-                current=RunStatus.SETTLING,
-                command=RunCommand.COMPLETE if outcome.command is RunCommand.SETTLE else outcome.command,
-                sequence=claim.user_sequence + 1,
-                parts=fold_parts(sink.events),
-                turn_status=outcome.turn_status,
-                events=sink.events,
-                usage=usage_payload(usage),
-                failure_code=outcome.failure_code,
-                failure_message=outcome.failure_message,
-            ),
-        )
-    if not committed:
-        log.warning("turn.fenced_out", stage="commit")
+    settlement = queries.Settlement(
+        run_id=claim.run_id,
+        session_id=claim.session_id,
+        attempt=claim.attempt,
+        current=RunStatus.SETTLING,
+        command=outcome.command,
+        sequence=claim.user_sequence + 1,
+        parts=fold_parts(sink.events),
+        turn_status=outcome.turn_status,
+        events=sink.events,
+        usage=usage_payload(usage),
+        failure_code=outcome.failure_code,
+        failure_message=outcome.failure_message,
+    )
+    if not await commit_with_retry(deps.sessions, settlement):
+        log.warning("turn.fenced_out")
         return "fenced"
     await sink.publish_terminal(terminal)
     return outcome.turn_status
@@ -316,7 +332,7 @@ def usage_event(run_id: str, outcome: Outcome, duration_ms: int) -> Usage:
 
 
 def terminal_event(run_id: str, outcome: Outcome, duration_ms: int) -> RunEvent:
-    if outcome.command is RunCommand.SETTLE:
+    if outcome.command is RunCommand.COMPLETE:
         return RunCompleted(run_id=run_id, duration_ms=duration_ms)
     return RunFailed(
         run_id=run_id,

@@ -275,6 +275,20 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
     return True
 
 
+async def stale_active_runs(db: AsyncSession, *, started_before: datetime, limit: int = 50) -> Sequence[Run]:
+    """Running or settling Runs that started before the cutoff: candidates for the reaper."""
+    rows = await db.scalars(
+        select(Run)
+        .where(
+            Run.status.in_([RunStatus.RUNNING.value, RunStatus.SETTLING.value]),
+            Run.started_at < started_before,
+        )
+        .order_by(Run.started_at)
+        .limit(limit)
+    )
+    return rows.all()
+
+
 # --- history ----------------------------------------------------------------------------------
 
 
