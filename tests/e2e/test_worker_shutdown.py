@@ -28,29 +28,43 @@ def slow_stack() -> Iterator[Stack]:
     stop(stack.processes)
 
 
+class SlowTurn:
+    """A Turn posted from a thread; `start` returns once the worker is inside its 60 s delay."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        with stack.client() as client:
+            self.session_id: str = client.post("/api/sessions", json={}).json()["id"]
+        self.stream: TurnStream | None = None
+        self.thread = threading.Thread(target=self.post)
+
+    def post(self) -> None:
+        with self.stack.client() as client:
+            self.stream = post_turn(client, self.session_id, "take your time", "slow-1")
+
+    def start(self) -> SlowTurn:
+        self.thread.start()
+        log = Path(self.stack.data_dir / "logs" / "worker.log")
+        deadline = time.monotonic() + 30
+        while "turn.claimed" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        return self
+
+    def finish(self, timeout: float) -> TurnStream:
+        self.thread.join(timeout=timeout)
+        assert not self.thread.is_alive() and self.stream is not None, "the stream never ended"
+        return self.stream
+
+
 def test_sigterm_mid_turn_settles_it_as_worker_shutdown(slow_stack: Stack) -> None:
     gateway, worker = slow_stack.processes
-    with slow_stack.client() as client:
-        session_id = client.post("/api/sessions", json={}).json()["id"]
-    result: dict[str, TurnStream] = {}
-
-    def post() -> None:
-        with slow_stack.client() as client:
-            result["stream"] = post_turn(client, session_id, "take your time", "slow-1")
-
-    thread = threading.Thread(target=post)
-    thread.start()
-    log = Path(slow_stack.data_dir / "logs" / "worker.log")
-    deadline = time.monotonic() + 30
-    while "turn.claimed" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)  # inside the 60 s scripted delay now
+    turn = SlowTurn(slow_stack).start()
+    session_id = turn.session_id
     sent = time.monotonic()
     os.killpg(worker.pid, signal.SIGTERM)
-    thread.join(timeout=40)
-    assert not thread.is_alive(), "the stream did not end after the worker shut down"
+    stream = turn.finish(timeout=40)
     elapsed = time.monotonic() - sent
-    stream = result["stream"]
     assert stream.chunks[-2]["type"] == "error"
     assert stream.chunks[-2]["errorText"].startswith("worker_shutdown: ")
     assert stream.chunks[-1] == {"type": "finish", "finishReason": "error"}
@@ -66,21 +80,8 @@ def test_sigkilled_worker_is_reaped_by_the_next_worker(slow_stack: Stack) -> Non
     """A worker killed outright cannot settle its Turn; its lease lapses and a live worker's
     reaper ends the Turn `worker_lost` within seconds, unlocking the session."""
     gateway, worker = slow_stack.processes
-    with slow_stack.client() as client:
-        session_id = client.post("/api/sessions", json={}).json()["id"]
-    result: dict[str, TurnStream] = {}
-
-    def post() -> None:
-        with slow_stack.client() as client:
-            result["stream"] = post_turn(client, session_id, "take your time", "kill-1")
-
-    thread = threading.Thread(target=post)
-    thread.start()
-    log = Path(slow_stack.data_dir / "logs" / "worker.log")
-    deadline = time.monotonic() + 30
-    while "turn.claimed" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)
+    turn = SlowTurn(slow_stack).start()
+    session_id = turn.session_id
     os.killpg(worker.pid, signal.SIGKILL)
     worker.wait(timeout=10)
     killed = time.monotonic()
@@ -93,10 +94,8 @@ def test_sigkilled_worker_is_reaped_by_the_next_worker(slow_stack: Stack) -> Non
         start_new_session=True,
     )
     slow_stack.processes.append(replacement)
-    thread.join(timeout=60)
-    assert not thread.is_alive(), "the stream never ended after the worker died"
+    stream = turn.finish(timeout=60)
     settled_after = time.monotonic() - killed
-    stream = result["stream"]
     assert stream.chunks[-2]["errorText"].startswith("worker_lost: ")
     assert stream.chunks[-1] == {"type": "finish", "finishReason": "error"}
     assert settled_after < 30, settled_after  # lease (6 s) + reaper tick (2 s) + worker start-up
