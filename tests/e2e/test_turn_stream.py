@@ -241,9 +241,21 @@ def test_turn_in_progress_is_refused(probe_stack: Stack) -> None:
         busy = client.post(
             f"/api/sessions/{session_id}/turns", json={"text": "again"}, headers={"Idempotency-Key": "slow-2"}
         )
+        # The same key and body while the Run is active: attach to its live stream from the start.
+        attached = post_turn(client, session_id, "slow", "slow-1")
         body = first.read()
     assert busy.status_code == 409 and busy.json()["code"] == "turn_in_progress"
     assert body.endswith(b"data: [DONE]\n\n")
+    assert attached.headers["x-fleet-run-id"] == first.headers["x-fleet-run-id"]
+    start = attached.of_type("start")[0]["messageMetadata"]
+    assert start["delivery"] == "live"
+    assert attached.chunks[-1]["finishReason"] == "stop"
+    assert attached.chunks[-1]["messageMetadata"]["idempotentReplay"] is True
+    original = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+    strip = {"data-status"}  # heartbeats depend on timing; everything else is the same Run's stream
+    assert [c for c in attached.chunks if c["type"] not in strip][1:-1] == [
+        c for c in original if c["type"] not in strip
+    ][1:-1]
 
 
 def test_failed_turn_ends_with_error_and_both_sdks_accept_it(probe_stack: Stack, node_check: Path) -> None:

@@ -20,14 +20,9 @@ from fleet_worker.sandbox.errors import (
     SandboxError,
     SandboxUnavailable,
 )
-from fleet_worker.sandbox.local import (
-    WORKSPACE_DIRS,
-    CellResult,
-    LocalSandboxConfig,
-    LocalSandboxLease,
-    LocalSandboxProvider,
-    ReplSession,
-)
+from fleet_worker.sandbox.jail import LocalSandboxConfig
+from fleet_worker.sandbox.local import WORKSPACE_DIRS, LocalSandboxLease, LocalSandboxProvider
+from fleet_worker.sandbox.session import CellResult, ReplSession
 
 REPO = Path(__file__).resolve().parents[2]
 HOST_SERVICES = {"redis": 6379, "postgresql": 5432}

@@ -41,8 +41,8 @@ from fleet_worker.dspy_adapter import (
 from fleet_worker.errors import ScriptExhausted, TurnStopped
 from fleet_worker.lm.script import ScriptCursor, completion_text, count_tokens, load_script
 from fleet_worker.sandbox import repl_main
-from fleet_worker.sandbox.local import CellResult, call_host_tool, parse_result, tool_params
 from fleet_worker.sandbox.protocol import HEADER, decode_payload, encode_frame
+from fleet_worker.sandbox.session import CellResult, call_host_tool, parse_result, tool_params
 
 # --- the public DSPy API we rely on ------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import pytest
 
 from fleet_worker.sandbox import repl_main
 from fleet_worker.sandbox.errors import FrameTimeout, FrameTooLarge, SandboxCrashed
-from fleet_worker.sandbox.local import (
+from fleet_worker.sandbox.jail import (
     DRIVER_MOUNT,
     DRIVER_SOURCE,
     WORKSPACE_MOUNT,

@@ -17,7 +17,8 @@ from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
 from fleet_worker.reaper import reap_lost_runs
-from fleet_worker.sandbox.local import LocalSandboxConfig, LocalSandboxProvider
+from fleet_worker.sandbox.jail import LocalSandboxConfig
+from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.turn import WorkerDeps, run_turn
 
 log = structlog.get_logger(__name__)

@@ -33,7 +33,7 @@ from fleet_shared.events import (
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, completion_text, count_tokens
 from fleet_worker.sandbox.errors import CellInterrupted, CellTimeout, SandboxCrashed
-from fleet_worker.sandbox.local import ReplSession
+from fleet_worker.sandbox.session import ReplSession
 
 LM_TOOLS = ("llm_query", "llm_query_batched", "rlm_query")
 PROMPT_PREVIEW_CHARS = 4000

@@ -1,0 +1,175 @@
+"""The bubblewrap jail: which interpreter runs the REPL and the exact argv that isolates it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from fleet_worker.sandbox.errors import (
+    SandboxUnavailable,
+)
+
+log = structlog.get_logger(__name__)
+
+
+# The uid/gid code runs as inside the jail, and on root hosts the real host uid bwrap runs as.
+SANDBOX_UID = 65534
+SANDBOX_GID = 65534
+WORKSPACE_MOUNT = "/workspace"
+DRIVER_MOUNT = "/opt/fleet/repl_main.py"
+DRIVER_SOURCE = Path(__file__).with_name("repl_main.py")
+# Top-level host dirs that hold the OS (merged-usr hosts make all but /usr symlinks into it).
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+@dataclass(frozen=True)
+class LocalSandboxConfig:
+    """Settings of the local sandbox (`sandbox.local.*` in the app config)."""
+
+    allow_unisolated: bool = False
+    python: str = "auto"
+    cell_timeout_seconds: float = 60.0
+    memory_mb: int = 1024
+    max_processes: int = 64
+    max_file_mb: int = 64
+    startup_timeout_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How to start one REPL process."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    # Host uid (and gid) to drop to before exec; None keeps the worker's own identity.
+    run_as: int | None = None
+
+
+def resolve_python(cfg: LocalSandboxConfig) -> str:
+    """The interpreter that runs the REPL: the system python3, else this Python's base install."""
+    if cfg.python != "auto":
+        return cfg.python
+    if os.path.exists("/usr/bin/python3"):
+        return "/usr/bin/python3"
+    # Not the venv's python: its site-packages must not ride along into the jail.
+    for name in (f"python{sys.version_info.major}.{sys.version_info.minor}", "python3"):
+        candidate = Path(sys.base_prefix) / "bin" / name
+        if candidate.exists():
+            return os.path.realpath(candidate)
+    return os.path.realpath(sys.executable)
+
+
+def sandbox_env(home: str) -> dict[str, str]:
+    """The whole environment of a REPL; nothing of the worker's (API keys included) leaks in."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def driver_args(cfg: LocalSandboxConfig, driver: str) -> list[str]:
+    """Interpreter flags, driver path and resource limits (-I ignores PYTHON* env, hence -B)."""
+    return [
+        "-I",
+        "-S",
+        "-B",
+        driver,
+        "--memory-mb",
+        str(cfg.memory_mb),
+        "--max-processes",
+        str(cfg.max_processes),
+        "--max-file-mb",
+        str(cfg.max_file_mb),
+    ]
+
+
+def is_system_path(path: str) -> bool:
+    """True for paths under /usr or the /bin, /lib... dirs that the jail always mounts."""
+    parts = Path(path).parts
+    return len(parts) > 1 and parts[0] == "/" and parts[1] in SYSTEM_DIRS
+
+
+def python_mount(python: str) -> tuple[str, str | None]:
+    """The interpreter path to exec in the jail, and its install prefix to ro-bind (if not /usr)."""
+    real = os.path.realpath(python)
+    if is_system_path(real):
+        return (python if is_system_path(python) else real), None
+    binary = Path(real)
+    prefix = binary.parent.parent if binary.parent.name == "bin" else binary.parent
+    if prefix == Path("/"):
+        raise SandboxUnavailable(
+            f"the sandbox python {real} has no install prefix of its own to mount",
+            fix="set sandbox.local.python to an interpreter under /usr or in its own prefix",
+        )
+    return real, str(prefix)
+
+
+def system_links(root: Path = Path("/")) -> list[str]:
+    """Recreate /bin, /lib, /lib64... as on the host: symlinks stay symlinks, real dirs are ro."""
+    args: list[str] = []
+    for name in SYSTEM_DIRS[1:]:
+        path = root / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), f"/{name}"]
+    return args
+
+
+def bwrap_command(
+    cfg: LocalSandboxConfig,
+    workspace: Path,
+    python: str,
+    driver: Path,
+    *,
+    bwrap: str = "bwrap",
+) -> list[str]:
+    """The bwrap argv for one REPL; only /usr, the interpreter and the workspace are visible."""
+    executable, prefix = python_mount(python)
+    argv = [
+        bwrap,
+        # Every namespace, network included: the jail has only its own, empty loopback.
+        "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_GID),
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+    ]
+    for key, value in sandbox_env(WORKSPACE_MOUNT).items():
+        argv += ["--setenv", key, value]
+    # No /etc at all: python -I -S needs nothing from it.
+    argv += ["--ro-bind", "/usr", "/usr", *system_links()]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    if prefix is not None:
+        argv += ["--ro-bind", prefix, prefix]
+    argv += [
+        "--bind",
+        os.path.abspath(workspace),
+        WORKSPACE_MOUNT,
+        "--ro-bind",
+        os.path.abspath(driver),
+        DRIVER_MOUNT,
+        "--chdir",
+        WORKSPACE_MOUNT,
+        "--",
+        executable,
+        *driver_args(cfg, DRIVER_MOUNT),
+    ]
+    return argv
+
+
+def unisolated_command(cfg: LocalSandboxConfig, python: str, driver: Path) -> list[str]:
+    """The argv that runs the driver as a plain subprocess, with no jail around it."""
+    return [python, *driver_args(cfg, str(driver))]
