@@ -135,3 +135,44 @@ def test_config_errors_stop_startup_with_one_line(newcomer_dir: Path) -> None:
         "fleet: config error: environment variable FLEET_LM_MODEL is not set "
         "(referenced by profiles.local.llm.root.model_env)"
     ]
+
+
+def test_a_second_fleet_up_in_the_same_directory_is_refused(newcomer_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env["FLEET_CONFIG"] = str(REPO / "config" / "fleet.toml")
+    elsewhere = newcomer_dir / "elsewhere"  # another project folder, same port
+    elsewhere.mkdir(mode=0o711)
+    port = free_port()
+    first = subprocess.Popen(
+        [sys.executable, "-m", "fleet_cli", "up", "--port", str(port)],
+        cwd=newcomer_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_for_banner(first, timeout=60)
+        second = subprocess.run(
+            [sys.executable, "-m", "fleet_cli", "up", "--port", str(free_port())],
+            cwd=newcomer_dir,
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        busy_port = subprocess.run(
+            [sys.executable, "-m", "fleet_cli", "up", "--port", str(port)],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        still_up = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=40)
+    assert second.returncode == 1 and b"another `fleet up` is running" in second.stderr
+    assert busy_port.returncode == 1 and b"already in use" in busy_port.stderr
+    assert still_up == 200  # the first stack was not disturbed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import importlib.resources
 import os
 import platform
@@ -19,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 import redis
 
@@ -135,6 +137,27 @@ def start_private_redis(stack: Stack, data_dir: Path) -> str:
             time.sleep(0.05)
 
 
+def claim_data_dir(data_dir: Path) -> IO[bytes] | None:
+    """An exclusive lock on .fleet/ for this process's lifetime (the kernel drops it on exit)."""
+    handle = open(data_dir / "up.lock", "ab")  # noqa: SIM115 - held until the process exits
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def port_is_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -166,6 +189,13 @@ def run_embedded(*, profile: str | None, host: str, port: int, workers: int) -> 
     # 0711: the sandbox's uid may pass through to its workspace, but nobody may list the folder.
     data_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
     data_dir.chmod(0o711)
+    lock = claim_data_dir(data_dir)
+    if lock is None:
+        print(f"fleet: another `fleet up` is running with {data_dir}; stop it first", file=sys.stderr)
+        return 1
+    if not port_is_free(host, port):
+        print(f"fleet: {host}:{port} is already in use; pick another with --port", file=sys.stderr)
+        return 1
     stack = Stack(drain_seconds=settings.profile.worker.drain_seconds)
 
     def request_stop(_signum: int, _frame: FrameType | None) -> None:
