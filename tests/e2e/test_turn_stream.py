@@ -302,3 +302,22 @@ def test_logs_carry_ids_and_no_secrets(demo_stack: Stack) -> None:
         line for line in worker_lines if line.get("event") == "turn.settled" and line.get("run_id") == run_id
     ]
     assert settled and settled[0]["status"] == "completed"
+
+
+def test_parallel_retries_with_one_key_share_one_run(demo_stack: Stack) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    session_id = new_session(demo_stack)
+
+    def attempt(_: int) -> TurnStream:
+        with demo_stack.client() as client:
+            return post_turn(client, session_id, "same request", "retry-key")
+
+    with ThreadPoolExecutor(8) as pool:
+        streams = list(pool.map(attempt, range(8)))
+    assert [s.status for s in streams] == [200] * 8, [s.raw[:200] for s in streams]
+    assert len({s.headers["x-fleet-run-id"] for s in streams}) == 1
+    assert all(s.chunks[-1]["finishReason"] == "stop" for s in streams)
+    with demo_stack.client() as client:
+        history = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
+    assert len(history) == 2  # executed once

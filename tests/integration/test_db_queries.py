@@ -160,3 +160,21 @@ async def test_commit_is_fenced_by_attempt(sessions: async_sessionmaker[AsyncSes
         assert await queries.load_run_events(db, run_id) == events
         # A second commit of the same Run is refused: it is no longer settling.
         assert not await queries.commit_settlement(db, mine)
+
+
+async def test_concurrent_retries_with_one_key_all_get_the_same_run(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """An idempotent client retrying while its first POST is in flight attaches, never 409s."""
+    async with sessions() as db:
+        session_id = (await queries.create_session(db, "retry")).id
+
+    async def attempt() -> object:
+        async with sessions() as db:
+            return await claim(db, session_id, "one-key")
+
+    outcomes = await asyncio.gather(*(attempt() for _ in range(8)))
+    assert all(isinstance(o, queries.Claimed) for o in outcomes), outcomes
+    claimed = [o for o in outcomes if isinstance(o, queries.Claimed)]
+    assert sum(o.created for o in claimed) == 1
+    assert len({o.run.id for o in claimed}) == 1

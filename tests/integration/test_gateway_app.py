@@ -70,7 +70,8 @@ def test_dead_redis_fails_the_turn_cleanly_and_unlocks_the_session(
     assert '"errorText":"enqueue_failed: ' in text
     assert text.endswith('{"type":"finish","finishReason":"error"}\n\ndata: [DONE]\n\n')
     history = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
-    assert [m["role"] for m in history] == ["user"]
+    assert [m["role"] for m in history] == ["user", "assistant"]
+    assert history[1]["metadata"]["status"] == "failed" and history[1]["parts"] == []
     again = client.post(
         f"/api/sessions/{session_id}/turns", json={"text": "hi"}, headers={"Idempotency-Key": "b"}
     )
@@ -120,3 +121,24 @@ def test_sessions_list_search_and_paging(sqlite_url: str, redis_url: str) -> Non
         one = client.get(f"/api/sessions/{page['items'][0]['id']}").json()
     assert page["total"] == 3 and len(page["items"]) == 2 and len(rest["items"]) == 1
     assert one["title"].startswith(marker) and one["status"] == "active"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/api/sessions?offset=99999999999999999999", None),
+        ("GET", "/api/sessions?search=a%00b", None),
+        ("POST", "/api/sessions", {"title": "a\u0000b"}),
+        ("GET", "/api/sessions/00000000-0000-0000-0000-000000000000/turns?after_sequence=99999999999", None),
+    ],
+)
+def test_unrepresentable_values_are_422_not_503(
+    database_url: str, redis_url: str, method: str, path: str, body: object
+) -> None:
+    """PostgreSQL refuses NUL bytes and integers past int64; that is the client's error, not an outage."""
+    with TestClient(create_app(settings_for(database_url, redis_url))) as client:
+        response = client.request(method, path, json=body)
+    assert response.status_code in (404, 422), response.text
+    assert response.json()["code"] in ("validation_error", "not_found")
+    if "turns" not in path:
+        assert response.status_code == 422

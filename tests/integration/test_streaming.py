@@ -185,3 +185,21 @@ async def test_a_client_that_goes_away_releases_its_subscription(deps: StreamDep
     with pytest.raises(asyncio.CancelledError):
         await task
     assert deps.fanout.active_streams == 0
+
+
+async def test_an_event_this_gateway_cannot_decode_is_skipped(
+    deps: StreamDeps, redis_client: aioredis.Redis
+) -> None:
+    """A newer worker may log an event type an older gateway does not know (a rolling deploy)."""
+    run_id = new_id()
+    events = body(run_id)
+    for event in events[:2]:
+        await event_log.append(redis_client, event)
+    future = b'{"type":"from.the.future","run_id":"%s","seq":3}' % run_id.encode()
+    await redis_client.xadd(redis_keys.run_events(run_id), {"e": future}, id="3-0")
+    for event in events[3:]:
+        await event_log.append(redis_client, event)
+    frames = await collect(stream_run(deps, run_view(run_id), delivery="live"))
+    types = [c["type"] for c in chunks(frames)]
+    assert types[-1] == "finish" and "text-delta" in types
+    assert frames[-1] == b"data: [DONE]\n\n"

@@ -44,7 +44,7 @@ class Harness:
     sessions: async_sessionmaker[AsyncSession]
     redis: aioredis.Redis
 
-    async def submit(self, text: str = "hello there") -> str:
+    async def submit(self, text: str = "hello there", *, enqueue: bool = True) -> str:
         async with self.sessions() as db:
             session = await queries.create_session(db, "t")
             claimed = await queries.claim_turn(
@@ -56,15 +56,20 @@ class Harness:
                 model=self.settings.root_lm.name,
             )
         assert isinstance(claimed, queries.Claimed)
-        arq = ArqRedis(
+        if not enqueue:
+            return claimed.run.id
+        arq = self.arq()
+        await arq.enqueue_job(RUN_TURN, claimed.run.id, _job_id=claimed.run.id)
+        await arq.aclose()
+        return claimed.run.id
+
+    def arq(self) -> ArqRedis:
+        return ArqRedis(
             ConnectionPool.from_url(self.settings.redis_url),
             job_serializer=serialize_job,
             job_deserializer=deserialize_job,
             default_queue_name=self.settings.profile.worker.queue_name,
         )
-        await arq.enqueue_job(RUN_TURN, claimed.run.id, _job_id=claimed.run.id)
-        await arq.aclose()
-        return claimed.run.id
 
     async def work(self) -> None:
         worker = build_worker(self.settings, burst=True)
@@ -148,7 +153,7 @@ async def test_duplicate_job_does_nothing(harness_factory) -> None:  # type: ign
     engine = create_engine(harness.settings.database_url)
     from fleet_worker.turn import WorkerDeps
 
-    deps = WorkerDeps(harness.settings, session_factory(engine), harness.redis, None, {})  # type: ignore[arg-type]
+    deps = WorkerDeps(harness.settings, session_factory(engine), harness.redis, None, Path(), {})  # type: ignore[arg-type]
     assert await run_turn({"deps": deps, "job_try": 2}, run_id) == "duplicate"
     await engine.dispose()
     assert await harness.events(run_id) == before
@@ -232,7 +237,7 @@ async def test_reaper_settles_runs_whose_lease_lapsed(harness_factory) -> None: 
     from fleet_shared import redis_keys
     from fleet_shared.db.models import Run
     from fleet_shared.events import Reasoning
-    from fleet_worker.reaper import reap_lost_runs
+    from fleet_worker.reaper import settle_lost_runs
     from fleet_worker.turn import WorkerDeps
 
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
@@ -248,9 +253,9 @@ async def test_reaper_settles_runs_whose_lease_lapsed(harness_factory) -> None: 
     await event_log.append(harness.redis, Reasoning(run_id=lost, seq=2, part_id="r2", text="hmm"))
     await harness.redis.set(redis_keys.run_lease(leased), "alive", px=60_000)
 
-    deps = WorkerDeps(harness.settings, harness.sessions, harness.redis, None, {})  # type: ignore[arg-type]
-    assert await reap_lost_runs({"deps": deps}) >= 1  # other tests' abandoned Runs may be reaped too
-    assert await reap_lost_runs({"deps": deps}) == 0  # idempotent
+    deps = WorkerDeps(harness.settings, harness.sessions, harness.redis, None, Path(), {})  # type: ignore[arg-type]
+    assert await settle_lost_runs(deps) >= 1  # other tests' abandoned Runs may be reaped too
+    assert await settle_lost_runs(deps) == 0  # idempotent
 
     async with harness.sessions() as db:
         statuses = {r: (await queries.get_run(db, r)).status for r in (lost, leased, fresh)}  # type: ignore[union-attr]
@@ -264,3 +269,39 @@ async def test_reaper_settles_runs_whose_lease_lapsed(harness_factory) -> None: 
     logged = await harness.events(lost)
     assert [e.seq for e in logged] == [1, 2, 3]
     assert isinstance(logged[-1], RunFailed) and logged[-1].code == "worker_lost"
+
+
+async def test_reaper_requeues_a_lost_job_and_gives_up_on_an_ancient_one(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """The gateway died between its commit and its enqueue (or Redis lost the queue)."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from fleet_shared.db.models import Run
+    from fleet_worker.reaper import requeue_lost_jobs
+    from fleet_worker.turn import WorkerDeps
+
+    harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
+    lost = await harness.submit("lost", enqueue=False)
+    ancient = await harness.submit("ancient", enqueue=False)
+    waiting = await harness.submit("waiting")  # its job is in the queue: leave it alone
+    now = datetime.now(UTC)
+    async with harness.sessions() as db:
+        await db.execute(
+            update(Run).where(Run.id.in_([lost, waiting])).values(created_at=now - timedelta(minutes=1))
+        )
+        await db.execute(update(Run).where(Run.id == ancient).values(created_at=now - timedelta(hours=1)))
+        await db.commit()
+    deps = WorkerDeps(harness.settings, harness.sessions, harness.redis, None, Path(), {})  # type: ignore[arg-type]
+    arq = harness.arq()
+    assert await requeue_lost_jobs(deps, arq) >= 2
+    assert await arq.exists(f"arq:job:{lost}") and await arq.exists(f"arq:job:{waiting}")
+    await arq.aclose()
+    await harness.work()  # the re-enqueued job really runs
+    async with harness.sessions() as db:
+        runs = {r: await queries.get_run(db, r) for r in (lost, ancient, waiting)}
+    assert runs[lost].status == "completed"  # type: ignore[union-attr]
+    assert runs[waiting].status == "completed"  # type: ignore[union-attr]
+    assert (runs[ancient].status, runs[ancient].failure_code) == ("failed", "enqueue_lost")  # type: ignore[union-attr]
+    logged = await harness.events(ancient)
+    assert isinstance(logged[-1], RunFailed) and logged[-1].code == "enqueue_lost"

@@ -151,6 +151,8 @@ def claim_data_dir(data_dir: Path) -> IO[bytes] | None:
 def port_is_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as probe:
+        # SO_REUSEADDR: ignore TIME_WAIT leftovers of a stack just stopped; a listener still blocks.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host.strip("[]"), port))
         except OSError:

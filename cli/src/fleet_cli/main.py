@@ -7,11 +7,22 @@ import asyncio
 import ipaddress
 import os
 import sys
+import time
 from collections.abc import Sequence
+
+import structlog
+from redis.exceptions import RedisError
 
 from fleet_shared.config import Settings, config_summary, load_settings
 from fleet_shared.errors import ConfigError
 from fleet_shared.logging import configure_logging
+
+# Granian's own loggers hand their records to the root logger, which renders JSON like ours.
+GRANIAN_LOGS_THROUGH_STRUCTLOG = {
+    "loggers": {
+        name: {"handlers": [], "level": "INFO", "propagate": True} for name in ("_granian", "granian.access")
+    }
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +99,7 @@ def run_gateway(host: str, port: int, workers: int, allow_non_loopback: bool) ->
         return 2
     settings = load_settings()  # fail here, with one line, before Granian starts workers
     configure_logging(settings.profile.observability, process="gateway")
+    structlog.get_logger("fleet").info("gateway.starting", host=host, port=port, **config_summary(settings))
     from granian import Granian
 
     Granian(
@@ -97,6 +109,7 @@ def run_gateway(host: str, port: int, workers: int, allow_non_loopback: bool) ->
         interface="asgi",  # type: ignore[arg-type]
         workers=workers,
         log_access=False,
+        log_dictconfig=GRANIAN_LOGS_THROUGH_STRUCTLOG,
     ).serve()
     return 0
 
@@ -106,16 +119,26 @@ def run_worker(concurrency: int | None, burst: bool) -> int:
     if concurrency is not None:
         settings = with_concurrency(settings, concurrency)
     configure_logging(settings.profile.observability, process="worker")
+    structlog.get_logger("fleet").info("worker.starting", **config_summary(settings))
     from fleet_worker.app import build_worker
     from fleet_worker.sandbox.errors import SandboxUnavailable
 
-    try:
-        worker = build_worker(settings, burst=burst)
-    except SandboxUnavailable as exc:
-        print(f"fleet: {exc}", file=sys.stderr)
-        return 2
-    worker.run()
-    return 0
+    log = structlog.get_logger("fleet")
+    delay = 1.0
+    while True:
+        try:
+            worker = build_worker(settings, burst=burst)
+        except SandboxUnavailable as exc:
+            print(f"fleet: {exc}", file=sys.stderr)
+            return 2
+        try:
+            worker.run()
+            return 0
+        except (RedisError, OSError) as exc:
+            # Redis went away: outlive it (the reaper settles any Turn lost meanwhile).
+            log.warning("worker.redis_unavailable", error=str(exc), retry_in=delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
 
 
 def with_concurrency(settings: Settings, concurrency: int) -> Settings:
@@ -158,10 +181,6 @@ def db_only_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("FLEET_REDIS_URL", "redis://unused")
     return env
-
-
-def describe(settings: Settings) -> str:
-    return ", ".join(f"{k}={v}" for k, v in config_summary(settings).items())
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import structlog
 from arq.connections import ArqRedis
 from litestar import Litestar, Request, Router
 from litestar.connection import ASGIConnection
@@ -14,7 +15,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.handlers.base import BaseRouteHandler
 from redis.asyncio import ConnectionPool
 from redis.exceptions import RedisError
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import EXCEPTION_HANDLERS, ApiError, envelope
@@ -27,6 +28,8 @@ from fleet_gateway.state import GatewayState
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.queue import deserialize_job, serialize_job
+
+log = structlog.get_logger(__name__)
 
 
 def create_app(settings: Settings) -> Litestar:
@@ -72,21 +75,33 @@ def create_app(settings: Settings) -> Litestar:
         },
         exception_handlers={
             **EXCEPTION_HANDLERS,
-            SQLAlchemyError: dependency_down("the database"),
+            # Only "cannot reach it" is a 503 (retry); anything else from the DB is a logged 500.
+            OperationalError: dependency_down("the database"),
+            InterfaceError: dependency_down("the database"),
+            DataError: bad_value,
             RedisError: dependency_down("Redis"),
         },
         middleware=[request_id_middleware],
         before_send=[add_request_id_header],
         request_max_body_size=settings.profile.gateway.limits.max_body_bytes,
         openapi_config=None,
+        logging_config=None,  # structlog (configure_logging) owns logging in every process
     )
 
 
 def dependency_down(what: str) -> Any:
-    def handler(_request: Request[Any, Any, Any], _exc: Exception) -> Any:
+    def handler(request: Request[Any, Any, Any], exc: Exception) -> Any:
+        log.warning(
+            "dependency.unavailable", dependency=what, path=request.url.path, error_type=type(exc).__name__
+        )
         return envelope(503, "service_unavailable", f"{what} is unavailable; retry shortly")
 
     return handler
+
+
+def bad_value(request: Request[Any, Any, Any], exc: DataError) -> Any:
+    log.info("request.bad_value", path=request.url.path, error_type=type(exc.orig).__name__)
+    return envelope(422, "validation_error", "a value is out of range or not representable")
 
 
 def require_token(settings: Settings) -> Any:

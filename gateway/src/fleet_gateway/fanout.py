@@ -17,6 +17,8 @@ from fleet_shared.events import RunEvent, decode_event
 
 log = structlog.get_logger(__name__)
 
+MIN_RETRY_SECONDS = 0.2
+MAX_RETRY_SECONDS = 5.0
 RESYNC = None  # queued to every subscriber after a reconnect: "re-read the log, you may have a gap"
 Notice = RunEvent | None
 
@@ -57,17 +59,17 @@ class EventFanout:
         return sum(len(queues) for queues in self.subscribers.values())
 
     async def listen_forever(self) -> None:
-        delay = 0.2
+        delay = MIN_RETRY_SECONDS
         while True:
             try:
                 await self.listen_once()
-            except asyncio.CancelledError:
-                raise
             except (RedisError, OSError) as exc:
+                if self.connected.is_set():
+                    delay = MIN_RETRY_SECONDS  # it was up: start the back-off again
                 self.connected.clear()
                 log.warning("fanout.disconnected", error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, MAX_RETRY_SECONDS)
 
     async def listen_once(self) -> None:
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)

@@ -9,13 +9,17 @@ import msgspec
 
 from fleet_shared.db.models import Session, Turn
 
+MAX_INT32 = 2**31 - 1
+# Text fields refuse NUL: PostgreSQL cannot store it, and no client means to send it.
+NO_NUL = r"^[^\x00]*$"
+
 
 class Input(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Base of request bodies."""
 
 
 class CreateSession(Input):
-    title: Annotated[str, msgspec.Meta(max_length=200)] = ""
+    title: Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)] = ""
 
 
 class SkillSelection(Input):
@@ -24,7 +28,7 @@ class SkillSelection(Input):
 
 
 class TurnRequest(Input):
-    text: Annotated[str, msgspec.Meta(min_length=1, max_length=100_000)]
+    text: Annotated[str, msgspec.Meta(min_length=1, max_length=100_000, pattern=NO_NUL)]
     attachment_ids: Annotated[list[uuid.UUID], msgspec.Meta(max_length=20)] = []
     skill_selections: Annotated[list[SkillSelection], msgspec.Meta(max_length=4)] = []
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import msgspec
+import structlog
 from redis.asyncio import Redis
 
 from fleet_shared import redis_keys
 from fleet_shared.events import RunEvent, decode_event, encode_event
 
 FIELD = b"e"
+log = structlog.get_logger(__name__)
 
 
 def events_channel(redis: Redis) -> str:
@@ -35,7 +38,14 @@ async def read_after(redis: Redis, run_id: str, after_seq: int, count: int = 500
     entries = await redis.xrange(
         redis_keys.run_events(run_id), min=stream_id(after_seq + 1), max="+", count=count
     )
-    return [decode_event(fields[FIELD]) for _id, fields in entries]
+    events = []
+    for entry_id, fields in entries:
+        try:
+            events.append(decode_event(fields[FIELD]))
+        except (msgspec.DecodeError, KeyError):
+            # A newer worker's event type during a rolling deploy: skip it, keep the stream.
+            log.warning("event_log.undecodable", run_id=run_id, entry=str(entry_id))
+    return events
 
 
 async def read_all_after(redis: Redis, run_id: str, after_seq: int) -> list[RunEvent]:

@@ -113,7 +113,6 @@ RunEvent = (
     | RunFailed
     | RunCancelled
 )
-TerminalEvent = RunCompleted | RunFailed | RunCancelled
 TERMINAL_EVENT_TYPES = (RunCompleted, RunFailed, RunCancelled)
 
 EVENT_ENCODER = msgspec.json.Encoder()

@@ -9,7 +9,13 @@ import msgspec
 RUN_TURN = "run_turn"  # arq function name; its single argument is the run id (also the job id)
 HEALTH_CHECK_SUFFIX = ":health-check"  # arq writes <queue><suffix> while a worker is alive
 
-MSGPACK_ENCODER = msgspec.msgpack.Encoder()
+
+def describe_unencodable(value: Any) -> str:
+    """arq stores a failed job's exception as its result; keep its text, not the object."""
+    return f"{type(value).__name__}: {value}"
+
+
+MSGPACK_ENCODER = msgspec.msgpack.Encoder(enc_hook=describe_unencodable)
 MSGPACK_DECODER = msgspec.msgpack.Decoder()
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -19,11 +21,12 @@ from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, seri
 from fleet_worker.reaper import reap_lost_runs
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
-from fleet_worker.turn import WorkerDeps, run_turn
+from fleet_worker.turn import WorkerDeps, prepare_workspace_root, run_turn
 
 log = structlog.get_logger(__name__)
 HEALTH_CHECK_INTERVAL_SECONDS = 5
 REAPER_SECONDS = set(range(0, 60, 2))
+RELOCATED_WORKSPACES = Path("/var/lib/fleet")
 
 
 def sandbox_provider(settings: Settings) -> LocalSandboxProvider:
@@ -45,8 +48,21 @@ def sandbox_provider(settings: Settings) -> LocalSandboxProvider:
     return provider
 
 
+def workspaces_root(settings: Settings, sandboxes: LocalSandboxProvider) -> Path:
+    """`<data_dir>/workspaces`, unless a root worker's sandbox uid cannot get there (a checkout
+    under /root, say): then a stable folder under /var/lib/fleet, so Turns still work."""
+    preferred = prepare_workspace_root(settings.workspaces_dir)
+    if sandboxes.can_reach(preferred):
+        return preferred
+    digest = hashlib.sha256(str(preferred).encode()).hexdigest()[:16]
+    fallback = prepare_workspace_root(RELOCATED_WORKSPACES / digest / "workspaces")
+    log.warning("sandbox.workspaces_relocated", unreachable=str(preferred), using=str(fallback))
+    return fallback
+
+
 def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
     sandboxes = sandbox_provider(settings)  # fails fast: no bwrap, no worker
+    workspaces = workspaces_root(settings, sandboxes)
     queue = settings.profile.worker.queue_name
 
     async def startup(ctx: dict[str, Any]) -> None:
@@ -57,6 +73,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             sessions=session_factory(engine),
             redis=Redis.from_url(settings.redis_url),
             sandboxes=sandboxes,
+            workspaces=workspaces,
             scripts={},
             worker_id=f"{socket.gethostname()}:{os.getpid()}",
         )

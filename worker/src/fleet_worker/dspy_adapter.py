@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -341,7 +340,3 @@ def normalize_usage(raw: dict[str, Any]) -> dict[str, dict[str, int]]:
 
 def is_lm_error(exc: BaseException) -> bool:
     return isinstance(exc, dspy.LMError) if hasattr(dspy, "LMError") else False
-
-
-def wall_ms(started: float) -> int:
-    return int((time.monotonic() - started) * 1000)

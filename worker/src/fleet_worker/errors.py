@@ -23,10 +23,6 @@ class ScriptInvalid(TurnFailed):
     code = "script_invalid"
 
 
-class LMFailed(TurnFailed):
-    code = "lm_error"
-
-
 class SandboxFailed(TurnFailed):
     code = "sandbox_error"
 

@@ -1,4 +1,9 @@
-"""The reaper (an arq cron job in every worker): Runs whose lease lapsed are settled `worker_lost`."""
+"""The reaper (an arq cron job in every worker) keeps every Run moving toward an end.
+
+- A running Run whose lease lapsed (its worker died) is settled `worker_lost`.
+- A queued Run whose arq job vanished (the gateway died before enqueueing, or Redis lost its
+  data) is enqueued again; one that stays lost for `QUEUED_GIVE_UP` is failed `enqueue_lost`.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix, job_key_prefix
 from redis.exceptions import RedisError
 
 from fleet_shared import event_log, redis_keys
 from fleet_shared.db import queries
 from fleet_shared.db.models import Run
 from fleet_shared.events import RunFailed, is_terminal
+from fleet_shared.queue import RUN_TURN
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts
 from fleet_worker.settlement import commit_with_retry
@@ -19,11 +27,17 @@ from fleet_worker.turn import WorkerDeps
 
 log = structlog.get_logger(__name__)
 LOST_MESSAGE = "the worker running this Turn stopped responding; send it again"
+QUEUED_GRACE = timedelta(seconds=15)  # longer than any claim-commit → enqueue gap
+QUEUED_GIVE_UP = timedelta(minutes=10)
 
 
 async def reap_lost_runs(ctx: dict[str, Any]) -> int:
-    """Settle every Run that is active in the DB but has no live lease. Returns how many."""
-    deps: WorkerDeps = ctx["deps"]
+    """One reaper tick. Returns how many Runs it settled or re-enqueued."""
+    return await settle_lost_runs(ctx["deps"]) + await requeue_lost_jobs(ctx["deps"], ctx["redis"])
+
+
+async def settle_lost_runs(deps: WorkerDeps) -> int:
+    """Settle every Run that is active in the DB but has no live lease."""
     # Only Runs older than one lease period: a Run just started may not have written its lease yet.
     cutoff = datetime.now(UTC) - timedelta(seconds=deps.settings.profile.worker.lease_seconds)
     async with deps.sessions() as db:
@@ -64,3 +78,39 @@ async def reap(deps: WorkerDeps, run: Run) -> int:
     await event_log.append(deps.redis, terminal)
     log.warning("reaper.settled_lost_run", run_id=run.id, attempt=run.attempt)
     return 1
+
+
+async def requeue_lost_jobs(deps: WorkerDeps, arq: ArqRedis) -> int:
+    now = datetime.now(UTC)
+    async with deps.sessions() as db:
+        candidates = await queries.stale_queued_runs(db, created_before=now - QUEUED_GRACE)
+    moved = 0
+    for run in candidates:
+        try:
+            if await arq.exists(job_key_prefix + run.id, in_progress_key_prefix + run.id):
+                continue  # waiting its turn in the queue, or being picked up right now
+            created = run.created_at if run.created_at.tzinfo else run.created_at.replace(tzinfo=UTC)
+            job = (
+                None
+                if now - created > QUEUED_GIVE_UP
+                else await arq.enqueue_job(RUN_TURN, run.id, _job_id=run.id)
+            )
+        except (RedisError, OSError) as exc:
+            log.warning("reaper.redis_unavailable", error=str(exc))
+            break
+        if job is not None:
+            log.warning("reaper.requeued_lost_job", run_id=run.id)
+        else:
+            await fail_queued(deps, run.id)
+        moved += 1
+    return moved
+
+
+async def fail_queued(deps: WorkerDeps, run_id: str) -> None:
+    message = "the Turn's job was lost before any worker started it; send it again"
+    async with deps.sessions() as db:
+        if await queries.fail_queued_run(db, run_id, "enqueue_lost", message):
+            await event_log.append(
+                deps.redis, RunFailed(run_id=run_id, seq=1, code="enqueue_lost", message=message)
+            )
+            log.warning("reaper.failed_lost_job", run_id=run_id)

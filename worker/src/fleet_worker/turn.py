@@ -50,6 +50,7 @@ class WorkerDeps:
     sessions: async_sessionmaker[AsyncSession]
     redis: Redis
     sandboxes: LocalSandboxProvider
+    workspaces: Path
     scripts: dict[Path, Script]
     worker_id: str = "worker"
 
@@ -149,7 +150,7 @@ async def prepare_and_execute(
 async def prepare(deps: WorkerDeps, claim: Claim, sink: EventSink, cleanup: AsyncExitStack) -> Prepared:
     sink.emit(StatusChanged(run_id=claim.run_id, phase="preparation"))
     request, history = await load_conversation(deps, claim)
-    workspace = prepare_workspace_root(deps.settings.workspaces_dir) / claim.workspace_id
+    workspace = deps.workspaces / claim.workspace_id
     try:
         lease = await asyncio.to_thread(deps.sandboxes.acquire, workspace, claim.run_id)
     except SandboxUnavailable as exc:
@@ -162,7 +163,7 @@ def prepare_workspace_root(root: Path) -> Path:
     """`.fleet/` and `.fleet/workspaces/` searchable (not listable) by the sandbox's own uid."""
     root = root.resolve()
     for directory in (root.parent, root):
-        directory.mkdir(mode=0o711, exist_ok=True)
+        directory.mkdir(mode=0o711, parents=True, exist_ok=True)
         if directory.stat().st_uid == os.geteuid():
             directory.chmod(0o711)
     return root
@@ -235,11 +236,11 @@ async def execute(deps: WorkerDeps, claim: Claim, prepared: Prepared, sink: Even
 
 async def stop_program(program: asyncio.Future[Any], stop: threading.Event, lease: LocalSandboxLease) -> None:
     """Ask the RLM thread to stop at its next boundary and kill the running cell, then wait a bit."""
+    # However it ends, even after we stop waiting, its exception is expected: mark it retrieved.
+    program.add_done_callback(lambda done: done.cancelled() or done.exception())
     stop.set()
     await asyncio.to_thread(lease.interrupt)
     await asyncio.wait({program}, timeout=STOP_GRACE_SECONDS)
-    if program.done() and not program.cancelled():
-        program.exception()  # retrieved, so asyncio does not log it as unhandled
 
 
 def script_for(deps: WorkerDeps, settings: Settings) -> Script:

@@ -10,7 +10,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import ApiError, not_found
-from fleet_gateway.schemas import CreateSession, SessionOut, SessionPage
+from fleet_gateway.schemas import MAX_INT32, NO_NUL, CreateSession, SessionOut, SessionPage
 from fleet_gateway.streaming import iso
 from fleet_shared.db import queries
 from fleet_shared.db.models import Session
@@ -42,9 +42,9 @@ class SessionController(Controller):
         self,
         db: NamedDependency[AsyncSession],
         status: FromQuery[str | None] = None,
-        search: Annotated[str | None, QueryParameter(max_length=200)] = None,
+        search: Annotated[str | None, QueryParameter(max_length=200, pattern=NO_NUL)] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=100)] = 50,
-        offset: Annotated[int, QueryParameter(ge=0)] = 0,
+        offset: Annotated[int, QueryParameter(ge=0, le=MAX_INT32)] = 0,
     ) -> SessionPage:
         if status not in (None, "active", "archived"):
             raise ApiError(422, "validation_error", "status must be 'active' or 'archived'")

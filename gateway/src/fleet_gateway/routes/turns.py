@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import ApiError
 from fleet_gateway.routes.sessions import load_session
-from fleet_gateway.schemas import TurnPage, TurnRequest, UIMessage
+from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
 from fleet_shared.db import queries
@@ -67,10 +67,11 @@ class TurnController(Controller):
     ) -> Stream:
         key = check_idempotency_key(idempotency_key)
         check_request(data, gw.settings.profile.gateway.limits.max_text_chars)
-        session = await load_session(db, session_id)
+        # Plain strings from here on: a lost race rolls the DB session back, expiring ORM objects.
+        session_id = (await load_session(db, session_id)).id
         outcome = await queries.claim_turn(
             db,
-            session_id=session.id,
+            session_id=session_id,
             idempotency_key=key,
             fingerprint=hashlib.sha256(data.fingerprint_bytes()).hexdigest(),
             text=data.text,
@@ -79,7 +80,7 @@ class TurnController(Controller):
         if isinstance(outcome, queries.ClaimRefused):
             raise refusal(outcome)
         run = outcome.run
-        structlog.contextvars.bind_contextvars(run_id=run.id, session_id=session.id)
+        structlog.contextvars.bind_contextvars(run_id=run.id, session_id=session_id)
         if outcome.created:
             log.info("turn.claimed")
             await enqueue(db, gw, run)
@@ -103,7 +104,7 @@ class TurnController(Controller):
         db: NamedDependency[AsyncSession],
         session_id: FromPath[str],
         limit: Annotated[int, QueryParameter(ge=1, le=200)] = 100,
-        after_sequence: Annotated[int, QueryParameter(ge=0)] = 0,
+        after_sequence: Annotated[int, QueryParameter(ge=0, le=MAX_INT32)] = 0,
     ) -> TurnPage:
         session = await load_session(db, session_id)
         rows = await queries.list_turns(db, session.id, after_sequence=after_sequence, limit=limit)
@@ -128,9 +129,6 @@ async def enqueue(db: AsyncSession, gw: GatewayState, run: Run) -> None:
         await gw.arq.enqueue_job(RUN_TURN, run.id, _job_id=run.id)
     except (RedisError, OSError) as exc:
         log.error("turn.enqueue_failed", error=str(exc))
-        await queries.fail_queued_run(
-            db, run.id, "enqueue_failed", "the Turn could not be queued (Redis unavailable)"
-        )
-        refreshed = await queries.get_run(db, run.id)
-        if refreshed is not None:
-            run.status = refreshed.status
+        message = "the Turn could not be queued (Redis unavailable); send it again"
+        if await queries.fail_queued_run(db, run.id, "enqueue_failed", message) is not None:
+            run.status = "failed"

@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_shared.db.models import Run, RunEventRow, Session, Turn, Workspace
-from fleet_shared.events import RunEvent, decode_event, encode_event, event_type
+from fleet_shared.events import RunEvent, RunFailed, decode_event, encode_event, event_type
 from fleet_shared.ids import new_id
 from fleet_shared.run_state import ACTIVE_STATUSES, RunCommand, RunStatus, decide
 
@@ -108,12 +108,9 @@ async def claim_turn(
     model: str,
 ) -> Claimed | ClaimRefused:
     """In one transaction: honour the key, insert the queued Run and the user Turn."""
-    existing = await find_run_by_key(db, session_id, idempotency_key)
-    if existing is not None:
-        return same_key_outcome(existing, fingerprint)
-    busy = await active_run(db, session_id)
-    if busy is not None:
-        return ClaimRefused("turn_in_progress", busy.id)
+    outcome = await existing_outcome(db, session_id, idempotency_key, fingerprint)
+    if outcome is not None:
+        return outcome
     last = await db.scalar(select(func.max(Turn.sequence)).where(Turn.session_id == session_id))
     user_sequence = int(last or 0) + 1
     stamp = now()
@@ -145,14 +142,23 @@ async def claim_turn(
     try:
         await db.commit()
     except IntegrityError:
-        # A concurrent claim won the race: report what it holds, like the checks above.
+        # A concurrent claim won the race: answer as if it had committed before we looked.
         await db.rollback()
-        existing = await find_run_by_key(db, session_id, idempotency_key)
-        if existing is not None:
-            return same_key_outcome(existing, fingerprint)
-        busy = await active_run(db, session_id)
-        return ClaimRefused("turn_in_progress", busy.id if busy else None)
+        outcome = await existing_outcome(db, session_id, idempotency_key, fingerprint)
+        return outcome or ClaimRefused("turn_in_progress")
     return Claimed(run, created=True)
+
+
+async def existing_outcome(
+    db: AsyncSession, session_id: str, key: str, fingerprint: str
+) -> Claimed | ClaimRefused | None:
+    """What an earlier or concurrent claim decides for this one; None when the way is clear."""
+    existing = await find_run_by_key(db, session_id, key)
+    if existing is None:
+        existing = await active_run(db, session_id)
+        if existing is not None and existing.idempotency_key != key:
+            return ClaimRefused("turn_in_progress", existing.id)
+    return None if existing is None else same_key_outcome(existing, fingerprint)
 
 
 def same_key_outcome(run: Run, fingerprint: str) -> Claimed | ClaimRefused:
@@ -199,16 +205,29 @@ async def start_run(db: AsyncSession, run_id: str) -> Run | None:
     return await get_run(db, run_id) if moved else None
 
 
-async def fail_queued_run(db: AsyncSession, run_id: str, code: str, message: str) -> bool:
-    moved = await apply_transition(
-        db,
-        run_id,
-        RunStatus.QUEUED,
-        RunCommand.FAIL,
-        values={"failure_code": code, "failure_message": message},
+async def fail_queued_run(db: AsyncSession, run_id: str, code: str, message: str) -> RunFailed | None:
+    """End a Run that never started, with its failed assistant Turn, as any other ending is.
+
+    Returns the terminal event to publish, or None when the Run was no longer queued.
+    """
+    run = await get_run(db, run_id)
+    if run is None or run.status != RunStatus.QUEUED.value:
+        return None
+    terminal = RunFailed(run_id=run_id, seq=1, code=code, message=message)
+    settlement = Settlement(
+        run_id=run_id,
+        session_id=run.session_id,
+        attempt=run.attempt,
+        current=RunStatus.QUEUED,
+        command=RunCommand.FAIL,
+        sequence=run.user_sequence + 1,
+        parts=[],
+        turn_status="failed",
+        events=[terminal],
+        failure_code=code,
+        failure_message=message,
     )
-    await db.commit()
-    return moved
+    return terminal if await commit_settlement(db, settlement) else None
 
 
 class Settlement(msgspec.Struct, frozen=True, kw_only=True):
@@ -284,6 +303,16 @@ async def stale_active_runs(db: AsyncSession, *, started_before: datetime, limit
             Run.started_at < started_before,
         )
         .order_by(Run.started_at)
+        .limit(limit)
+    )
+    return rows.all()
+
+
+async def stale_queued_runs(db: AsyncSession, *, created_before: datetime, limit: int = 50) -> Sequence[Run]:
+    rows = await db.scalars(
+        select(Run)
+        .where(Run.status == RunStatus.QUEUED.value, Run.created_at < created_before)
+        .order_by(Run.created_at)
         .limit(limit)
     )
     return rows.all()

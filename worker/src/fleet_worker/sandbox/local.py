@@ -174,6 +174,10 @@ class LocalSandboxProvider:
             if self._isolation is None:
                 self._isolation = self._settle()
 
+    def can_reach(self, root: Path) -> bool:
+        """Whether sandboxed code (uid 65534 on a root worker) can pass through to `root`."""
+        return self._run_as is None or unreachable_ancestor(root / "probe", self._run_as) is None
+
     def acquire(self, workspace: Path, run_id: str) -> LocalSandboxLease:
         """Prepare `workspace` (memory/ skills/ attachments/ artifacts/) and lease it to a run."""
         self.check()
