@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import REDIS_URL
 from tests.e2e.conftest import REPO, free_port
 from tests.e2e.sse import post_turn
 
@@ -128,7 +129,7 @@ def test_config_errors_stop_startup_with_one_line(newcomer_dir: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "fleet_cli", "worker"],
         cwd=newcomer_dir,
-        env={**env, "FLEET_REDIS_URL": "redis://127.0.0.1:6379/9"},
+        env={**env, "FLEET_REDIS_URL": REDIS_URL},
         capture_output=True,
         timeout=60,
         check=False,
@@ -180,3 +181,24 @@ def test_a_second_fleet_up_in_the_same_directory_is_refused(newcomer_dir: Path) 
     assert second.returncode == 1 and b"another `fleet up` is running" in second.stderr
     assert busy_port.returncode == 1 and b"already in use" in busy_port.stderr
     assert still_up == 200  # the first stack was not disturbed
+
+
+def test_gateway_refuses_a_port_someone_listens_on(newcomer_dir: Path) -> None:
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(FLEET_CONFIG=str(REPO / "config" / "fleet.toml"), FLEET_REDIS_URL=REDIS_URL)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "fleet_cli", "gateway", "--port", str(port)],
+            cwd=newcomer_dir,
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 2
+    assert f"127.0.0.1:{port} is already in use" in result.stderr.decode()

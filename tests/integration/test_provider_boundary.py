@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import REDIS_URL
 
 from fleet_shared.config import load_settings
 from fleet_worker import dspy_adapter
@@ -79,7 +80,7 @@ def local_profile(provider: FakeProvider) -> Any:
         {
             "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
             "FLEET_PROFILE": "local",
-            "FLEET_REDIS_URL": "redis://127.0.0.1:6379/9",
+            "FLEET_REDIS_URL": REDIS_URL,
             "FLEET_LM_MODEL": "openai/boundary-model",
             "FLEET_LM_API_KEY": API_KEY,
             "FLEET_LM_BASE_URL": provider.url,

@@ -98,6 +98,11 @@ def run_gateway(host: str, port: int, workers: int, allow_non_loopback: bool) ->
         )
         return 2
     settings = load_settings()  # fail here, with one line, before Granian starts workers
+    from fleet_cli.embedded import port_is_free
+
+    if not port_is_free(host, port):  # Granian's SO_REUSEPORT would otherwise share it silently
+        print(f"fleet: {host}:{port} is already in use", file=sys.stderr)
+        return 2
     configure_logging(settings.profile.observability, process="gateway")
     structlog.get_logger("fleet").info("gateway.starting", host=host, port=port, **config_summary(settings))
     from granian import Granian

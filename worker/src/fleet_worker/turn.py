@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,42 +190,19 @@ def text_of(parts: list[dict[str, Any]]) -> str:
 
 
 async def execute(deps: WorkerDeps, claim: Claim, prepared: Prepared, sink: EventSink) -> Outcome:
-    settings = deps.settings
+    """Run the RLM in a thread until it answers, the Turn times out, or the worker is stopping."""
     sink.emit(StatusChanged(run_id=claim.run_id, phase="execution"))
     stop = threading.Event()
-    cursor = None
-    if settings.root_lm.scripted or settings.sub_lm.scripted:
-        cursor = script_for(deps, settings).cursor()
-    rlm = settings.profile.rlm
-    observer = dspy_adapter.TurnObserver(
-        emit=sink.emit_threadsafe,
-        run_id=claim.run_id,
-        stop=stop,
-        max_output_chars=rlm.max_output_chars,
-    )
-    program = asyncio.ensure_future(
-        asyncio.to_thread(
-            dspy_adapter.run_program,
-            request=prepared.request,
-            history=prepared.history,
-            root_lm=dspy_adapter.build_lm(settings.root_lm, "root", cursor, stop),
-            sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", cursor, stop),
-            limits=dspy_adapter.ProgramLimits(rlm.max_iters, rlm.max_llm_calls, rlm.max_output_chars),
-            observer=observer,
-            new_session=prepared.lease.new_session,
-        )
-    )
+    program = asyncio.ensure_future(asyncio.to_thread(rlm_call(deps, claim, prepared, sink, stop)))
+    timeout = deps.settings.profile.runtime.turn_timeout_seconds
     try:
-        done, _ = await asyncio.wait({program}, timeout=settings.profile.runtime.turn_timeout_seconds)
+        done, _ = await asyncio.wait({program}, timeout=timeout)
     except asyncio.CancelledError:
         await asyncio.shield(stop_program(program, stop, prepared.lease))
         raise
     if not done:
         await stop_program(program, stop, prepared.lease)
-        raise TurnTimedOut(
-            f"the Turn exceeded runtime.turn_timeout_seconds "
-            f"({settings.profile.runtime.turn_timeout_seconds:g} s)"
-        )
+        raise TurnTimedOut(f"the Turn exceeded runtime.turn_timeout_seconds ({timeout:g} s)")
     result = program.result()
     return Outcome(
         RunCommand.COMPLETE,
@@ -231,6 +210,30 @@ async def execute(deps: WorkerDeps, claim: Claim, prepared: Prepared, sink: Even
         answer=result.answer,
         iterations=result.iterations,
         lm_usage=result.lm_usage,
+    )
+
+
+def rlm_call(
+    deps: WorkerDeps, claim: Claim, prepared: Prepared, sink: EventSink, stop: threading.Event
+) -> Callable[[], dspy_adapter.ProgramResult]:
+    """The whole RLM run as one blocking call, with fresh LMs (and script cursor) for this Turn."""
+    settings = deps.settings
+    cursor = None
+    if settings.root_lm.scripted or settings.sub_lm.scripted:
+        cursor = script_for(deps, settings).cursor()
+    rlm = settings.profile.rlm
+    observer = dspy_adapter.TurnObserver(
+        emit=sink.emit_threadsafe, run_id=claim.run_id, stop=stop, max_output_chars=rlm.max_output_chars
+    )
+    return functools.partial(
+        dspy_adapter.run_program,
+        request=prepared.request,
+        history=prepared.history,
+        root_lm=dspy_adapter.build_lm(settings.root_lm, "root", cursor, stop),
+        sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", cursor, stop),
+        limits=dspy_adapter.ProgramLimits(rlm.max_iters, rlm.max_llm_calls, rlm.max_output_chars),
+        observer=observer,
+        new_session=prepared.lease.new_session,
     )
 
 
