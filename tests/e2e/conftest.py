@@ -136,3 +136,12 @@ def probe_stack() -> Iterator[Stack]:
     yield stack
     stop(stack.processes)
     shutil.rmtree(stack.data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres_stack(postgres_url: str) -> Iterator[Stack]:
+    """The production database path: the same processes on PostgreSQL (asyncpg)."""
+    stack = start_stack(work_dir("pg"), 13, {"FLEET_DATABASE_URL": postgres_url})
+    yield stack
+    stop(stack.processes)
+    shutil.rmtree(stack.data_dir, ignore_errors=True)

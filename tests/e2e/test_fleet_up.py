@@ -202,3 +202,27 @@ def test_gateway_refuses_a_port_someone_listens_on(newcomer_dir: Path) -> None:
         )
     assert result.returncode == 2
     assert f"127.0.0.1:{port} is already in use" in result.stderr.decode()
+
+
+def test_db_check_and_upgrade(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(
+        FLEET_CONFIG=str(REPO / "config" / "fleet.toml"),
+        FLEET_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}",
+    )
+
+    def fleet_db(command: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "fleet_cli", "db", command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
+    behind = fleet_db("check")
+    assert behind.returncode == 1 and b"run `fleet db upgrade`" in behind.stdout
+    assert fleet_db("upgrade").returncode == 0
+    assert fleet_db("check").returncode == 0
+    assert fleet_db("upgrade").returncode == 0  # idempotent

@@ -321,3 +321,17 @@ def test_parallel_retries_with_one_key_share_one_run(demo_stack: Stack) -> None:
     with demo_stack.client() as client:
         history = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
     assert len(history) == 2  # executed once
+
+
+def test_a_turn_on_postgresql(postgres_stack: Stack, node_check: Path) -> None:
+    session_id = new_session(postgres_stack)
+    with postgres_stack.client() as client:
+        stream = post_turn(client, session_id, "Please say hello to the fleet", "pg-1")
+        replay = post_turn(client, session_id, "Please say hello to the fleet", "pg-1")
+        history = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
+    assert_well_formed(stream)
+    assert stream.chunks[-1]["finishReason"] == "stop"
+    assert replay.of_type("start")[0]["messageMetadata"]["delivery"] == "replay"
+    assert [m["role"] for m in history] == ["user", "assistant"]
+    for alias in ("ai6", "ai7"):
+        ai_sdk_parse(node_check, alias, stream.raw)
