@@ -63,10 +63,15 @@ def body(run_id: str) -> list[RunEvent]:
     ]
 
 
-def chunks(frames: list[bytes]) -> list[dict[str, object]]:
+def split_frames(writes: list[bytes]) -> list[str]:
+    """The SSE frames in what the stream wrote (one write may carry several frames)."""
+    return [f for w in writes for f in w.decode().split("\n\n") if f]
+
+
+def chunks(writes: list[bytes]) -> list[dict[str, object]]:
     out = []
-    for frame in frames:
-        data = frame.decode().split("data: ", 1)[1].strip()
+    for frame in split_frames(writes):
+        data = frame.split("data: ", 1)[1].strip()
         if data != "[DONE]":
             out.append(json.loads(data))
     return out
@@ -85,7 +90,9 @@ async def test_events_published_before_the_stream_opened_are_not_lost(
     for event in events[:3]:  # the worker raced ahead of the client's subscription
         await event_log.append(redis_client, event)
     stream = stream_run(deps, run_view(run_id), delivery="live")
-    first = [await anext(stream) for _ in range(1 + 1 + 1 + 3)]  # start, status, start-step, reasoning x3
+    first = [
+        await anext(stream) for _ in range(4)
+    ]  # start, then one write per event: status, step, reasoning
     for event in events[3:]:
         await event_log.append(redis_client, event)
     frames = first + await collect(stream)
@@ -104,8 +111,9 @@ async def test_events_published_before_the_stream_opened_are_not_lost(
         "finish",
     ]
     assert frames[-1] == b"data: [DONE]\n\n"
-    ids = [frame.decode().split("\n", 1)[0] for frame in frames[1:-1]]
+    ids = [frame.split("\n", 1)[0] for frame in split_frames(frames)[1:-1]]
     assert ids[0] == "id: 1" and ids[-1] == "id: 6"
+    assert frames[3].count(b"id: 3\n") == 3  # reasoning start, delta, end: one event, one write
 
 
 async def test_a_missed_notification_is_filled_from_the_log(

@@ -108,11 +108,13 @@ def interrupted_text() -> str:
 
 
 def emit(events: Iterable[RunEvent], state: StreamState) -> list[bytes]:
+    """One write per event: its chunks share its `id:` and leave the server together, so a
+    client's Last-Event-ID never points into the middle of an event."""
     out: list[bytes] = []
     for event in events:
         if event.seq <= state.last_seq or state.finished:
             continue  # already sent (log and live overlap) or after the terminal
-        out.extend(frame(event.seq, chunk) for chunk in project(event, state))
+        out.append(b"".join(frame(event.seq, chunk) for chunk in project(event, state)))
     return out
 
 
