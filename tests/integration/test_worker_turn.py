@@ -220,7 +220,7 @@ async def test_a_commit_whose_acknowledgement_was_lost_is_recognised(harness_fac
             sequence=run.user_sequence + 1,
             parts=[],
             turn_status="completed",
-            events=[],
+            events=await queries.load_run_events(db, run_id),  # the retry carries the same events
         )
         assert await commit_once(db, mine) is True
         assert await commit_once(db, msgspec.structs.replace(mine, attempt=run.attempt + 1)) is False
@@ -270,6 +270,29 @@ async def test_reaper_settles_runs_whose_lease_lapsed(harness_factory) -> None: 
     assert [e.seq for e in logged] == [1, 2, 3]
     assert isinstance(logged[-1], RunFailed) and logged[-1].code == "worker_lost"
 
+    # The "lost" worker was only stalled: its own ending must not pass for the reaper's.
+    from fleet_shared.run_state import RunCommand, RunStatus
+    from fleet_worker.settlement import commit_once
+
+    zombie_end = RunFailed(run_id=lost, seq=5, code="lm_error", message="late")
+    zombie = queries.Settlement(
+        run_id=lost,
+        session_id=run.session_id,
+        attempt=run.attempt,
+        current=RunStatus.SETTLING,
+        command=RunCommand.FAIL,
+        sequence=run.user_sequence + 1,
+        parts=[],
+        turn_status="failed",
+        events=[zombie_end],
+        failure_code="lm_error",
+        failure_message="late",
+    )
+    async with harness.sessions() as db:
+        assert await commit_once(db, zombie) is False
+    assert await event_log.append(harness.redis, logged[-1]) is False  # a duplicate seq is not re-sent
+    assert [e.seq for e in await harness.events(lost)] == [1, 2, 3]
+
 
 async def test_reaper_requeues_a_lost_job_and_gives_up_on_an_ancient_one(harness_factory) -> None:  # type: ignore[no-untyped-def]
     """The gateway died between its commit and its enqueue (or Redis lost the queue)."""
@@ -285,23 +308,29 @@ async def test_reaper_requeues_a_lost_job_and_gives_up_on_an_ancient_one(harness
     lost = await harness.submit("lost", enqueue=False)
     ancient = await harness.submit("ancient", enqueue=False)
     waiting = await harness.submit("waiting")  # its job is in the queue: leave it alone
+    failed_early = await harness.submit("failed early", enqueue=False)
+    # Its job ran once and failed before claiming the Run (say, the DB was down): arq kept a result.
+    await harness.redis.set(f"arq:result:{failed_early}", b"x", ex=60)
     now = datetime.now(UTC)
     async with harness.sessions() as db:
         await db.execute(
-            update(Run).where(Run.id.in_([lost, waiting])).values(created_at=now - timedelta(minutes=1))
+            update(Run)
+            .where(Run.id.in_([lost, waiting, failed_early]))
+            .values(created_at=now - timedelta(minutes=1))
         )
         await db.execute(update(Run).where(Run.id == ancient).values(created_at=now - timedelta(hours=1)))
         await db.commit()
     deps = WorkerDeps(harness.settings, harness.sessions, harness.redis, None, Path(), {})  # type: ignore[arg-type]
     arq = harness.arq()
-    assert await requeue_lost_jobs(deps, arq) >= 2
+    assert await requeue_lost_jobs(deps, arq) >= 3
     assert await arq.exists(f"arq:job:{lost}") and await arq.exists(f"arq:job:{waiting}")
     await arq.aclose()
     await harness.work()  # the re-enqueued job really runs
     async with harness.sessions() as db:
-        runs = {r: await queries.get_run(db, r) for r in (lost, ancient, waiting)}
+        runs = {r: await queries.get_run(db, r) for r in (lost, ancient, waiting, failed_early)}
     assert runs[lost].status == "completed"  # type: ignore[union-attr]
     assert runs[waiting].status == "completed"  # type: ignore[union-attr]
+    assert runs[failed_early].status == "completed"  # type: ignore[union-attr]
     assert (runs[ancient].status, runs[ancient].failure_code) == ("failed", "enqueue_lost")  # type: ignore[union-attr]
     logged = await harness.events(ancient)
     assert isinstance(logged[-1], RunFailed) and logged[-1].code == "enqueue_lost"

@@ -22,15 +22,30 @@ def stream_id(seq: int) -> str:
     return f"{seq}-0"
 
 
-async def append(redis: Redis, event: RunEvent) -> None:
-    """Log the event, then announce it, in one MULTI so a reader never sees a notify first."""
-    payload = encode_event(event)
-    key = redis_keys.run_events(event.run_id)
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.xadd(key, {FIELD: payload}, id=stream_id(event.seq))
-        pipe.expire(key, redis_keys.EVENT_LOG_TTL_SECONDS)
-        pipe.publish(events_channel(redis), payload)
-        await pipe.execute()
+# Log, then announce, atomically; a seq that is already logged is neither logged nor announced
+# again, so a late or duplicate writer can never put a second terminal event on the wire.
+APPEND_SCRIPT = """
+local added = redis.pcall('XADD', KEYS[1], ARGV[1], 'e', ARGV[2])
+if type(added) == 'table' and added.err then return 0 end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[2])
+return 1
+"""
+
+
+async def append(redis: Redis, event: RunEvent) -> bool:
+    """Log and announce the event; False when its seq was already logged (nothing is sent)."""
+    script = redis.register_script(APPEND_SCRIPT)
+    added = await script(
+        keys=[redis_keys.run_events(event.run_id)],
+        args=[
+            stream_id(event.seq),
+            encode_event(event),
+            redis_keys.EVENT_LOG_TTL_SECONDS,
+            events_channel(redis),
+        ],
+    )
+    return bool(added)
 
 
 async def read_after(redis: Redis, run_id: str, after_seq: int, count: int = 500) -> list[RunEvent]:

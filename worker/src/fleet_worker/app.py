@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import os
 import socket
@@ -11,21 +13,19 @@ from typing import Any
 import structlog
 from arq import Worker
 from arq.connections import RedisSettings
-from arq.cron import cron
 from arq.worker import func
 from redis.asyncio import Redis
 
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
-from fleet_worker.reaper import reap_lost_runs
+from fleet_worker.reaper import reaper_loop
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.turn import WorkerDeps, prepare_workspace_root, run_turn
 
 log = structlog.get_logger(__name__)
 HEALTH_CHECK_INTERVAL_SECONDS = 5
-REAPER_SECONDS = set(range(0, 60, 2))
 RELOCATED_WORKSPACES = Path("/var/lib/fleet")
 
 
@@ -77,9 +77,16 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             scripts={},
             worker_id=f"{socket.gethostname()}:{os.getpid()}",
         )
+        if not burst:  # a burst worker (tests) reaps only when asked
+            ctx["reaper"] = asyncio.create_task(reaper_loop(ctx["deps"], ctx["redis"]), name="fleet-reaper")
         log.info("worker.started", queue=queue, concurrency=settings.profile.worker.concurrency)
 
     async def shutdown(ctx: dict[str, Any]) -> None:
+        reaper: asyncio.Task[None] | None = ctx.get("reaper")
+        if reaper is not None:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
         deps: WorkerDeps | None = ctx.get("deps")
         if deps is not None:
             await deps.redis.aclose()
@@ -89,8 +96,6 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
     timeout = settings.profile.runtime.turn_timeout_seconds + 60  # our own deadline fires first
     return Worker(
         functions=[func(run_turn, name=RUN_TURN, timeout=timeout, max_tries=3)],
-        # Every few seconds one worker (arq makes each tick's job unique) reaps lost Runs.
-        cron_jobs=[] if burst else [cron(reap_lost_runs, second=REAPER_SECONDS, run_at_startup=True)],
         redis_settings=RedisSettings.from_dsn(settings.redis_url),
         queue_name=queue,
         max_jobs=settings.profile.worker.concurrency,

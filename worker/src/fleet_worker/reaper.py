@@ -7,13 +7,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import structlog
 from arq.connections import ArqRedis
-from arq.constants import in_progress_key_prefix, job_key_prefix
+from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
 from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 
 from fleet_shared import event_log, redis_keys
 from fleet_shared.db import queries
@@ -31,9 +32,23 @@ QUEUED_GRACE = timedelta(seconds=15)  # longer than any claim-commit → enqueue
 QUEUED_GIVE_UP = timedelta(minutes=10)
 
 
-async def reap_lost_runs(ctx: dict[str, Any]) -> int:
+REAPER_INTERVAL_SECONDS = 2.0
+
+
+async def reaper_loop(deps: WorkerDeps, arq: ArqRedis) -> None:
+    """Runs in every worker beside its jobs (not as an arq job: a worker whose job slots are all
+    busy must still reap). Several reapers at once are safe: every write is fenced."""
+    while True:
+        await asyncio.sleep(REAPER_INTERVAL_SECONDS)
+        try:
+            await reap_lost_runs(deps, arq)
+        except (RedisError, OSError, SQLAlchemyError) as exc:
+            log.warning("reaper.tick_failed", error_type=type(exc).__name__, error=str(exc))
+
+
+async def reap_lost_runs(deps: WorkerDeps, arq: ArqRedis) -> int:
     """One reaper tick. Returns how many Runs it settled or re-enqueued."""
-    return await settle_lost_runs(ctx["deps"]) + await requeue_lost_jobs(ctx["deps"], ctx["redis"])
+    return await settle_lost_runs(deps) + await requeue_lost_jobs(deps, arq)
 
 
 async def settle_lost_runs(deps: WorkerDeps) -> int:
@@ -51,6 +66,8 @@ async def settle_lost_runs(deps: WorkerDeps) -> int:
         except (RedisError, OSError) as exc:
             log.warning("reaper.redis_unavailable", error=str(exc))
             break
+        except Exception as exc:  # one bad row must not stop the reaper for every other Run
+            log.error("reaper.run_failed", run_id=run.id, error_type=type(exc).__name__, exc_info=exc)
     return reaped
 
 
@@ -87,30 +104,35 @@ async def requeue_lost_jobs(deps: WorkerDeps, arq: ArqRedis) -> int:
     moved = 0
     for run in candidates:
         try:
-            if await arq.exists(job_key_prefix + run.id, in_progress_key_prefix + run.id):
-                continue  # waiting its turn in the queue, or being picked up right now
-            created = run.created_at if run.created_at.tzinfo else run.created_at.replace(tzinfo=UTC)
-            job = (
-                None
-                if now - created > QUEUED_GIVE_UP
-                else await arq.enqueue_job(RUN_TURN, run.id, _job_id=run.id)
-            )
+            moved += await requeue(deps, arq, run, now)
         except (RedisError, OSError) as exc:
             log.warning("reaper.redis_unavailable", error=str(exc))
             break
-        if job is not None:
-            log.warning("reaper.requeued_lost_job", run_id=run.id)
-        else:
-            await fail_queued(deps, run.id)
-        moved += 1
+        except Exception as exc:
+            log.error("reaper.run_failed", run_id=run.id, error_type=type(exc).__name__, exc_info=exc)
     return moved
+
+
+async def requeue(deps: WorkerDeps, arq: ArqRedis, run: Run, now: datetime) -> int:
+    if await arq.exists(job_key_prefix + run.id, in_progress_key_prefix + run.id):
+        return 0  # waiting its turn in the queue, or being picked up right now
+    created = run.created_at if run.created_at.tzinfo else run.created_at.replace(tzinfo=UTC)
+    if now - created > QUEUED_GIVE_UP:
+        await fail_queued(deps, run.id)
+        return 1
+    # A result left by a job that failed before claiming the Run (say, the DB was down) would make
+    # arq refuse the same job id: clear it, the Run itself says the work is still to be done.
+    await arq.delete(result_key_prefix + run.id)
+    if await arq.enqueue_job(RUN_TURN, run.id, _job_id=run.id) is None:
+        return 0  # someone else enqueued it a moment ago
+    log.warning("reaper.requeued_lost_job", run_id=run.id)
+    return 1
 
 
 async def fail_queued(deps: WorkerDeps, run_id: str) -> None:
     message = "the Turn's job was lost before any worker started it; send it again"
     async with deps.sessions() as db:
-        if await queries.fail_queued_run(db, run_id, "enqueue_lost", message):
-            await event_log.append(
-                deps.redis, RunFailed(run_id=run_id, seq=1, code="enqueue_lost", message=message)
-            )
-            log.warning("reaper.failed_lost_job", run_id=run_id)
+        terminal = await queries.fail_queued_run(db, run_id, "enqueue_lost", message)
+    if terminal is not None:
+        await event_log.append(deps.redis, terminal)
+        log.warning("reaper.failed_lost_job", run_id=run_id)

@@ -9,6 +9,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_shared.db import queries
+from fleet_shared.db.models import Run
 from fleet_shared.run_state import RunCommand, RunStatus, decide
 
 log = structlog.get_logger(__name__)
@@ -42,8 +43,17 @@ async def commit_once(db: AsyncSession, settlement: queries.Settlement) -> bool:
             return False
         await db.commit()
     elif status is not RunStatus.SETTLING:
-        # Already terminal: committed by our own earlier try whose acknowledgement was lost?
-        return status is decide(RunStatus.SETTLING, settlement.command).target and bool(
-            await queries.list_turns(db, run.session_id, after_sequence=settlement.sequence - 1, limit=1)
-        )
+        return is_our_commit(run, settlement)
     return await queries.commit_settlement(db, settlement)
+
+
+def is_our_commit(run: Run, settlement: queries.Settlement) -> bool:
+    """A terminal Run is ours only if it ended exactly as this settlement says: same status,
+    same failure code and same last event. A reaper's `worker_lost` is never mistaken for it."""
+    target = decide(RunStatus.SETTLING, settlement.command).target
+    last_seq = settlement.events[-1].seq if settlement.events else 0
+    return (
+        run.status == target.value
+        and run.failure_code == settlement.failure_code
+        and run.last_seq == last_seq
+    )

@@ -7,7 +7,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +33,7 @@ from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, usage_payload
 from fleet_worker import dspy_adapter
 from fleet_worker.errors import SandboxFailed, TurnFailed, TurnStopped, TurnTimedOut
-from fleet_worker.lease import hold_lease
+from fleet_worker.lease import Lease, hold_lease
 from fleet_worker.lm.script import Script, load_script
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
@@ -42,6 +42,7 @@ from fleet_worker.settlement import commit_with_retry
 
 log = structlog.get_logger(__name__)
 STOP_GRACE_SECONDS = 10.0
+LEASE_LOST_MESSAGE = "this worker lost the Turn's lease; another worker may have settled it"
 
 
 @dataclass
@@ -104,22 +105,38 @@ async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
             log.info("turn.duplicate_job")
             return "duplicate"
         log.info("turn.claimed", attempt=claim.attempt)
+        cancelled = False
         async with AsyncExitStack() as cleanup:
-            lease_seconds = deps.settings.profile.worker.lease_seconds
-            await cleanup.enter_async_context(hold_lease(deps.redis, run_id, deps.worker_id, lease_seconds))
+            lease = await cleanup.enter_async_context(
+                hold_lease(deps.redis, run_id, deps.worker_id, deps.settings.profile.worker.lease_seconds)
+            )
             sink = EventSink(deps.redis, run_id)
             cleanup.push_async_callback(sink.close)
             try:
-                outcome = await prepare_and_execute(deps, claim, sink, cleanup)
+                outcome = await prepare_and_execute(deps, claim, sink, cleanup, lease)
             except asyncio.CancelledError:
-                # The worker is shutting down (its drain time ran out): end the Turn properly
-                # instead of leaving it running, then let arq see the cancellation.
-                await asyncio.shield(settle_and_commit(deps, claim, sink, SHUTDOWN_OUTCOME))
-                log.warning("turn.settled", status="failed", failure_code=SHUTDOWN_OUTCOME.failure_code)
-                raise
-            status = await settle_and_commit(deps, claim, sink, outcome)
+                # The worker is stopping and its drain time ran out: end the Turn properly.
+                outcome, cancelled = SHUTDOWN_OUTCOME, True
+            status, cancelled_again = await finish_even_if_cancelled(
+                settle_and_commit(deps, claim, sink, outcome)
+            )
         log.info("turn.settled", status=status, failure_code=outcome.failure_code)
+        if cancelled or cancelled_again:
+            raise asyncio.CancelledError  # let arq see the cancellation, now that the Turn is settled
         return status
+
+
+async def finish_even_if_cancelled(settling: Coroutine[Any, Any, str]) -> tuple[str, bool]:
+    """Await settlement to the end however often we are cancelled meanwhile (arq's close waits for
+    this task, so the DB and Redis stay open); report whether a cancellation arrived."""
+    task = asyncio.ensure_future(settling)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    return task.result(), cancelled
 
 
 async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:
@@ -140,11 +157,11 @@ async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:
 
 
 async def prepare_and_execute(
-    deps: WorkerDeps, claim: Claim, sink: EventSink, cleanup: AsyncExitStack
+    deps: WorkerDeps, claim: Claim, sink: EventSink, cleanup: AsyncExitStack, lease: Lease
 ) -> Outcome:
     try:
         prepared = await prepare(deps, claim, sink, cleanup)
-        return await execute(deps, claim, prepared, sink)
+        return await execute(deps, claim, prepared, sink, lease)
     except (Exception, TurnStopped) as exc:
         return failure_outcome(exc)
 
@@ -189,19 +206,28 @@ def text_of(parts: list[dict[str, Any]]) -> str:
     return "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
 
 
-async def execute(deps: WorkerDeps, claim: Claim, prepared: Prepared, sink: EventSink) -> Outcome:
-    """Run the RLM in a thread until it answers, the Turn times out, or the worker is stopping."""
+async def execute(
+    deps: WorkerDeps, claim: Claim, prepared: Prepared, sink: EventSink, lease: Lease
+) -> Outcome:
+    """Run the RLM in a thread until it answers, times out, loses its lease, or the worker stops."""
     sink.emit(StatusChanged(run_id=claim.run_id, phase="execution"))
     stop = threading.Event()
     program = asyncio.ensure_future(asyncio.to_thread(rlm_call(deps, claim, prepared, sink, stop)))
+    lost = asyncio.ensure_future(lease.lost.wait())
     timeout = deps.settings.profile.runtime.turn_timeout_seconds
     try:
-        done, _ = await asyncio.wait({program}, timeout=timeout)
+        await asyncio.wait({program, lost}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         await asyncio.shield(stop_program(program, stop, prepared.lease))
         raise
-    if not done:
+    finally:
+        lost.cancel()
+    if not program.done():
         await stop_program(program, stop, prepared.lease)
+        if lease.lost.is_set():
+            raise TurnFailed(
+                "this worker lost the Turn's lease; another worker may have settled it", code="lease_lost"
+            )
         raise TurnTimedOut(f"the Turn exceeded runtime.turn_timeout_seconds ({timeout:g} s)")
     result = program.result()
     return Outcome(
