@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -119,6 +120,25 @@ async def harness_factory(database_url: str, redis_url: str, work_dir: Path) -> 
     await client.aclose()
 
 
+def settlement_of(run: Any, command: Any, events: list[RunEvent], failure_code: str | None = None) -> Any:
+    """The settlement a worker would commit for `run` with these events."""
+    from fleet_shared.run_state import RunCommand, RunStatus
+
+    return queries.Settlement(
+        run_id=run.id,
+        session_id=run.session_id,
+        attempt=run.attempt,
+        current=RunStatus.SETTLING,
+        command=command,
+        sequence=run.user_sequence + 1,
+        parts=[],
+        turn_status="completed" if command is RunCommand.COMPLETE else "failed",
+        events=events,
+        failure_code=failure_code,
+        failure_message=failure_code,
+    )
+
+
 ROOT_PRINT = {"lm": "root", "reasoning": "look", "code": "x = 21 * 2\nprint(x)"}
 ROOT_SUBMIT = {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer=str(x))"}
 
@@ -202,7 +222,7 @@ async def test_runaway_cell_is_killed_and_the_turn_recovers(harness_factory) -> 
 
 async def test_a_commit_whose_acknowledgement_was_lost_is_recognised(harness_factory) -> None:  # type: ignore[no-untyped-def]
     """The retry after a lost COMMIT acknowledgement finds its own commit, not a foreign one."""
-    from fleet_shared.run_state import RunCommand, RunStatus
+    from fleet_shared.run_state import RunCommand
     from fleet_worker.settlement import commit_once
 
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
@@ -211,17 +231,8 @@ async def test_a_commit_whose_acknowledgement_was_lost_is_recognised(harness_fac
     async with harness.sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
-        mine = queries.Settlement(
-            run_id=run_id,
-            session_id=run.session_id,
-            attempt=run.attempt,
-            current=RunStatus.SETTLING,
-            command=RunCommand.COMPLETE,
-            sequence=run.user_sequence + 1,
-            parts=[],
-            turn_status="completed",
-            events=await queries.load_run_events(db, run_id),  # the retry carries the same events
-        )
+        # The retry carries the same events as the commit whose acknowledgement it missed.
+        mine = settlement_of(run, RunCommand.COMPLETE, await queries.load_run_events(db, run_id))
         assert await commit_once(db, mine) is True
         assert await commit_once(db, msgspec.structs.replace(mine, attempt=run.attempt + 1)) is False
         assert await commit_once(db, msgspec.structs.replace(mine, command=RunCommand.FAIL)) is False
@@ -271,23 +282,11 @@ async def test_reaper_settles_runs_whose_lease_lapsed(harness_factory) -> None: 
     assert isinstance(logged[-1], RunFailed) and logged[-1].code == "worker_lost"
 
     # The "lost" worker was only stalled: its own ending must not pass for the reaper's.
-    from fleet_shared.run_state import RunCommand, RunStatus
+    from fleet_shared.run_state import RunCommand
     from fleet_worker.settlement import commit_once
 
     zombie_end = RunFailed(run_id=lost, seq=5, code="lm_error", message="late")
-    zombie = queries.Settlement(
-        run_id=lost,
-        session_id=run.session_id,
-        attempt=run.attempt,
-        current=RunStatus.SETTLING,
-        command=RunCommand.FAIL,
-        sequence=run.user_sequence + 1,
-        parts=[],
-        turn_status="failed",
-        events=[zombie_end],
-        failure_code="lm_error",
-        failure_message="late",
-    )
+    zombie = settlement_of(run, RunCommand.FAIL, [zombie_end], failure_code="lm_error")
     async with harness.sessions() as db:
         assert await commit_once(db, zombie) is False
     assert await event_log.append(harness.redis, logged[-1]) is False  # a duplicate seq is not re-sent

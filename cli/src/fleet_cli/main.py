@@ -130,16 +130,23 @@ def run_worker(concurrency: int | None, burst: bool) -> int:
 
     log = structlog.get_logger("fleet")
     delay = 1.0
+    stop_signals: list[object] = []
     while True:
+        # A fresh loop per attempt: tasks stranded by a lost Redis are abandoned, never resumed
+        # (their Runs are settled by a reaper, and their lease is gone).
+        asyncio.set_event_loop(asyncio.new_event_loop())
         try:
             worker = build_worker(settings, burst=burst)
         except SandboxUnavailable as exc:
             print(f"fleet: {exc}", file=sys.stderr)
             return 2
+        worker.on_stop = stop_signals.append
         try:
             worker.run()
             return 0
         except (RedisError, OSError) as exc:
+            if stop_signals:  # told to stop while Redis was going away: stop, do not retry
+                return 0
             # Redis went away: outlive it (the reaper settles any Turn lost meanwhile).
             log.warning("worker.redis_unavailable", error=str(exc), retry_in=delay)
             time.sleep(delay)
