@@ -333,3 +333,36 @@ async def test_reaper_requeues_a_lost_job_and_gives_up_on_an_ancient_one(harness
     assert (runs[ancient].status, runs[ancient].failure_code) == ("failed", "enqueue_lost")  # type: ignore[union-attr]
     logged = await harness.events(ancient)
     assert isinstance(logged[-1], RunFailed) and logged[-1].code == "enqueue_lost"
+
+
+async def test_a_crowd_of_healthy_runs_does_not_hide_a_lost_one(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from fleet_shared import redis_keys
+    from fleet_shared.db.models import Run
+    from fleet_worker.reaper import settle_lost_runs
+    from fleet_worker.turn import WorkerDeps
+
+    harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
+    healthy = [await harness.submit(f"healthy {i}", enqueue=False) for i in range(60)]
+    lost = await harness.submit("lost", enqueue=False)
+    now = datetime.now(UTC)
+    async with harness.sessions() as db:
+        for run_id in [*healthy, lost]:
+            assert await queries.start_run(db, run_id) is not None
+        # The healthy ones are older, so they would fill any first page of candidates.
+        await db.execute(update(Run).where(Run.id.in_(healthy)).values(started_at=now - timedelta(hours=2)))
+        await db.execute(update(Run).where(Run.id == lost).values(started_at=now - timedelta(minutes=5)))
+        await db.commit()
+    for run_id in healthy:
+        await harness.redis.set(redis_keys.run_lease(run_id), "alive", px=60_000)
+    deps = WorkerDeps(harness.settings, harness.sessions, harness.redis, None, Path(), {})  # type: ignore[arg-type]
+    await settle_lost_runs(deps)
+    async with harness.sessions() as db:
+        assert (await queries.get_run(db, lost)).status == "failed"  # type: ignore[union-attr]
+        statuses = {(await queries.get_run(db, r)).status for r in healthy}  # type: ignore[union-attr]
+    assert statuses == {"running"}
+    for run_id in healthy:  # leave nothing running for later tests' reapers to trip over
+        await harness.redis.delete(redis_keys.run_lease(run_id))

@@ -33,6 +33,7 @@ QUEUED_GIVE_UP = timedelta(minutes=10)
 
 
 REAPER_INTERVAL_SECONDS = 2.0
+REAP_BATCH = 50  # lost Runs settled per tick; the next tick takes the rest
 
 
 async def reaper_loop(deps: WorkerDeps, arq: ArqRedis) -> None:
@@ -56,12 +57,23 @@ async def settle_lost_runs(deps: WorkerDeps) -> int:
     # Only Runs older than one lease period: a Run just started may not have written its lease yet.
     cutoff = datetime.now(UTC) - timedelta(seconds=deps.settings.profile.worker.lease_seconds)
     async with deps.sessions() as db:
-        candidates = await queries.stale_active_runs(db, started_before=cutoff)
+        candidate_ids = await queries.stale_active_run_ids(db, started_before=cutoff)
+    if not candidate_ids:
+        return 0
+    try:
+        async with deps.redis.pipeline(transaction=False) as pipe:
+            for run_id in candidate_ids:
+                pipe.exists(redis_keys.run_lease(run_id))
+            leased = await pipe.execute()
+    except (RedisError, OSError) as exc:
+        log.warning("reaper.redis_unavailable", error=str(exc))
+        return 0
+    lost_ids = [run_id for run_id, held in zip(candidate_ids, leased, strict=True) if not held]
+    async with deps.sessions() as db:
+        lost = await queries.get_runs(db, lost_ids[:REAP_BATCH])
     reaped = 0
-    for run in candidates:
+    for run in lost:
         try:
-            if await deps.redis.exists(redis_keys.run_lease(run.id)):
-                continue
             reaped += await reap(deps, run)
         except (RedisError, OSError) as exc:
             log.warning("reaper.redis_unavailable", error=str(exc))

@@ -294,10 +294,16 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
     return True
 
 
-async def stale_active_runs(db: AsyncSession, *, started_before: datetime, limit: int = 50) -> Sequence[Run]:
-    """Running or settling Runs that started before the cutoff: candidates for the reaper."""
+async def stale_active_run_ids(
+    db: AsyncSession, *, started_before: datetime, limit: int = 10_000
+) -> list[str]:
+    """Ids of running or settling Runs that started before the cutoff: the reaper's candidates.
+
+    Ids only, so the reaper can check every lease at once and a crowd of healthy long Runs
+    never hides a lost one behind a page limit.
+    """
     rows = await db.scalars(
-        select(Run)
+        select(Run.id)
         .where(
             Run.status.in_([RunStatus.RUNNING.value, RunStatus.SETTLING.value]),
             Run.started_at < started_before,
@@ -305,6 +311,11 @@ async def stale_active_runs(db: AsyncSession, *, started_before: datetime, limit
         .order_by(Run.started_at)
         .limit(limit)
     )
+    return list(rows.all())
+
+
+async def get_runs(db: AsyncSession, run_ids: Sequence[str]) -> Sequence[Run]:
+    rows = await db.scalars(select(Run).where(Run.id.in_(run_ids)).order_by(Run.started_at))
     return rows.all()
 
 
