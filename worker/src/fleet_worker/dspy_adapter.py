@@ -339,4 +339,4 @@ def normalize_usage(raw: dict[str, Any]) -> dict[str, dict[str, int]]:
 
 
 def is_lm_error(exc: BaseException) -> bool:
-    return isinstance(exc, dspy.LMError) if hasattr(dspy, "LMError") else False
+    return isinstance(exc, dspy.LMError)
