@@ -1,4 +1,9 @@
-"""Shared fixtures: the real Redis and PostgreSQL on this machine, and throwaway SQLite files."""
+"""Shared fixtures: a private Redis, databases of our own on PostgreSQL, throwaway SQLite files.
+
+Tests never flush or restart the shared Redis (127.0.0.1:6379) or PostgreSQL (127.0.0.1:5432):
+Redis is a private `redis-server` per test session, PostgreSQL a fresh database per session (and
+`private_postgres`, a whole private cluster, for tests that stop and start the server).
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,9 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from tests.support.servers import PostgresServer, RedisServer
+
 REPO = Path(__file__).resolve().parents[1]
-REDIS_URL = os.environ.get("FLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 POSTGRES_ADMIN_DSN = os.environ.get(
     "FLEET_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
@@ -35,14 +41,17 @@ def traversable_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """A Redis database number of our own, emptied before the session."""
-    import redis
+def redis_server() -> Iterator[RedisServer]:
+    """A private redis-server for this test session, started empty, stopped at the end."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
 
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    client.close()
-    yield REDIS_URL
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer) -> str:
+    """db 0 of the session's private Redis."""
+    return redis_server.url(db=0)
 
 
 @pytest.fixture
@@ -72,6 +81,18 @@ async def postgres_url() -> AsyncIterator[str]:
     admin = await asyncpg.connect(POSTGRES_ADMIN_DSN)
     await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     await admin.close()
+
+
+@pytest.fixture(scope="session")
+def private_postgres() -> Iterator[PostgresServer]:
+    """A private PostgreSQL cluster, started on first request (only its users pay for it).
+
+    For fault tests that stop and start the server; leave it running when done
+    (`stop()` then `start()`), as other tests of the session may share it.
+    """
+    server = PostgresServer().start()
+    yield server
+    server.close()
 
 
 @pytest.fixture(scope="session")

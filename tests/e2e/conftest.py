@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,10 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
+
+from tests.support.servers import RedisServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
-E2E_REDIS = os.environ.get("FLEET_TEST_E2E_REDIS_URL", "redis://127.0.0.1:6379/10")
 SECRET_SENTINEL = "sk-e2e-must-not-leak"
 
 
@@ -29,15 +28,10 @@ class Stack:
     env: dict[str, str]
     data_dir: Path
     processes: list[subprocess.Popen[bytes]]
+    redis: RedisServer  # the stack's own private Redis
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fleet(*args: str) -> list[str]:
@@ -62,19 +56,26 @@ def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], timeout: floa
     raise RuntimeError(f"the stack never became ready: {last}")
 
 
-def start_stack(data_dir: Path, redis_db: int, extra_env: dict[str, str]) -> Stack:
-    redis_url = E2E_REDIS.rsplit("/", 1)[0] + f"/{redis_db}"
-    redis.Redis.from_url(redis_url).flushdb()
+def start_stack(data_dir: Path, extra_env: dict[str, str]) -> Stack:
+    """Migrate, then start a gateway and a worker on a private, empty Redis of their own.
+
+    End it with `stop_stack`, which also stops that Redis.
+    """
+    redis_server = RedisServer().start()
     env = {
         **os.environ,
         "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
         "FLEET_PROFILE": "offline",
-        "FLEET_REDIS_URL": redis_url,
+        "FLEET_REDIS_URL": redis_server.url(db=0),
         "FLEET_DATABASE_URL": f"sqlite+aiosqlite:///{data_dir / 'fleet.db'}",
         "FLEET_LM_API_KEY": SECRET_SENTINEL,  # present on the host; must never reach the sandbox
         **extra_env,
     }
-    subprocess.run(fleet("db", "upgrade"), env=env, cwd=data_dir, check=True, capture_output=True)
+    try:
+        subprocess.run(fleet("db", "upgrade"), env=env, cwd=data_dir, check=True, capture_output=True)
+    except BaseException:
+        redis_server.stop()
+        raise
     port = free_port()
     logs = data_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -92,12 +93,13 @@ def start_stack(data_dir: Path, redis_db: int, extra_env: dict[str, str]) -> Sta
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, processes)
-    except RuntimeError:
+    except BaseException:
         stop(processes)
+        redis_server.stop()
         for log in logs.iterdir():
             sys.stderr.write(f"--- {log.name}\n{log.read_text()[-4000:]}\n")
         raise
-    return Stack(url, env, data_dir, processes)
+    return Stack(url, env, data_dir, processes, redis_server)
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -112,6 +114,15 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
+def stop_stack(stack: Stack) -> None:
+    """Stop the stack's processes, then its private Redis, and remove its work dir."""
+    try:
+        stop(stack.processes)
+    finally:
+        stack.redis.stop()
+        shutil.rmtree(stack.data_dir, ignore_errors=True)
+
+
 def work_dir(prefix: str) -> Path:
     """Where the processes run (their `.fleet/` lives here); searchable by the sandbox's uid."""
     path = Path(tempfile.mkdtemp(prefix=f"fleet-e2e-{prefix}-"))
@@ -122,26 +133,23 @@ def work_dir(prefix: str) -> Path:
 @pytest.fixture(scope="module")
 def demo_stack() -> Iterator[Stack]:
     """The offline profile exactly as shipped: the demo script."""
-    stack = start_stack(work_dir("demo"), 10, {})
+    stack = start_stack(work_dir("demo"), {})
     yield stack
-    stop(stack.processes)
-    shutil.rmtree(stack.data_dir, ignore_errors=True)
+    stop_stack(stack)
 
 
 @pytest.fixture(scope="module")
 def probe_stack() -> Iterator[Stack]:
     """A script that probes the sandbox's reach, slowly enough to observe a Turn in progress."""
     script = REPO / "tests" / "e2e" / "scripts" / "probe.jsonl"
-    stack = start_stack(work_dir("probe"), 11, {"FLEET_SCRIPTED_LM": str(script)})
+    stack = start_stack(work_dir("probe"), {"FLEET_SCRIPTED_LM": str(script)})
     yield stack
-    stop(stack.processes)
-    shutil.rmtree(stack.data_dir, ignore_errors=True)
+    stop_stack(stack)
 
 
 @pytest.fixture(scope="module")
 def postgres_stack(postgres_url: str) -> Iterator[Stack]:
     """The production database path: the same processes on PostgreSQL (asyncpg)."""
-    stack = start_stack(work_dir("pg"), 13, {"FLEET_DATABASE_URL": postgres_url})
+    stack = start_stack(work_dir("pg"), {"FLEET_DATABASE_URL": postgres_url})
     yield stack
-    stop(stack.processes)
-    shutil.rmtree(stack.data_dir, ignore_errors=True)
+    stop_stack(stack)

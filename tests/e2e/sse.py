@@ -14,7 +14,7 @@ class TurnStream:
     status: int
     headers: httpx.Headers
     raw: bytes
-    frames: list[tuple[int | None, str]]  # (id, data)
+    frames: list[tuple[str | None, str]]  # (id, data)
 
     @property
     def chunks(self) -> list[dict[str, Any]]:
@@ -28,17 +28,17 @@ class TurnStream:
         return [c["type"] for c in self.chunks]
 
 
-def parse_frames(raw: bytes) -> list[tuple[int | None, str]]:
-    frames: list[tuple[int | None, str]] = []
+def parse_frames(raw: bytes) -> list[tuple[str | None, str]]:
+    frames: list[tuple[str | None, str]] = []
     for block in raw.decode().split("\n\n"):
         if not block:
             continue
-        event_id: int | None = None
+        event_id: str | None = None
         data = None
         for line in block.split("\n"):
             field, _, value = line.partition(": ")
             if field == "id":
-                event_id = int(value)
+                event_id = value
             elif field == "data":
                 assert data is None, f"one data line per frame: {block!r}"
                 data = value

@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL
 from tests.e2e.conftest import REPO, free_port
 from tests.e2e.sse import post_turn
 
@@ -143,8 +142,8 @@ def wait_for_banner(proc: subprocess.Popen[bytes], timeout: float) -> str:
     raise AssertionError(f"fleet up did not come up:\n{seen.decode(errors='replace')[-4000:]}")
 
 
-def test_config_errors_stop_startup_with_one_line(newcomer_dir: Path) -> None:
-    result = run_fleet(newcomer_dir, newcomer_env(FLEET_PROFILE="local", FLEET_REDIS_URL=REDIS_URL), "worker")
+def test_config_errors_stop_startup_with_one_line(newcomer_dir: Path, redis_url: str) -> None:
+    result = run_fleet(newcomer_dir, newcomer_env(FLEET_PROFILE="local", FLEET_REDIS_URL=redis_url), "worker")
     assert result.returncode == 2
     lines = result.stderr.decode().strip().splitlines()
     assert lines == [
@@ -172,10 +171,10 @@ def test_a_second_fleet_up_in_the_same_directory_is_refused(newcomer_dir: Path) 
     assert still_up == 200  # the first stack was not disturbed
 
 
-def test_gateway_refuses_a_port_someone_listens_on(newcomer_dir: Path) -> None:
+def test_gateway_refuses_a_port_someone_listens_on(newcomer_dir: Path, redis_url: str) -> None:
     import socket
 
-    env = newcomer_env(FLEET_REDIS_URL=REDIS_URL)
+    env = newcomer_env(FLEET_REDIS_URL=redis_url)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, Stack, start_stack, stop, work_dir
+from tests.e2e.conftest import REPO, Stack, start_stack, stop_stack, work_dir
 from tests.e2e.sse import TurnStream, post_turn
 
 pytestmark = pytest.mark.e2e
@@ -23,9 +23,9 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture
 def slow_stack() -> Iterator[Stack]:
     script = REPO / "tests" / "e2e" / "scripts" / "slow.jsonl"
-    stack = start_stack(work_dir("slow"), 12, {"FLEET_SCRIPTED_LM": str(script)})
+    stack = start_stack(work_dir("slow"), {"FLEET_SCRIPTED_LM": str(script)})
     yield stack
-    stop(stack.processes)
+    stop_stack(stack)
 
 
 class SlowTurn:

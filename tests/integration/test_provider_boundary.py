@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import REDIS_URL
 
 from fleet_shared.config import load_settings
 from fleet_worker import dspy_adapter
@@ -75,12 +74,12 @@ def provider() -> Iterator[FakeProvider]:
     server.shutdown()
 
 
-def local_profile(provider: FakeProvider) -> Any:
+def local_profile(provider: FakeProvider, redis_url: str) -> Any:
     return load_settings(
         {
             "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
             "FLEET_PROFILE": "local",
-            "FLEET_REDIS_URL": REDIS_URL,
+            "FLEET_REDIS_URL": redis_url,
             "FLEET_LM_MODEL": "openai/boundary-model",
             "FLEET_LM_API_KEY": API_KEY,
             "FLEET_LM_BASE_URL": provider.url,
@@ -88,8 +87,8 @@ def local_profile(provider: FakeProvider) -> Any:
     )
 
 
-def test_local_profile_reaches_an_openai_compatible_endpoint(provider: FakeProvider) -> None:
-    settings = local_profile(provider)
+def test_local_profile_reaches_an_openai_compatible_endpoint(provider: FakeProvider, redis_url: str) -> None:
+    settings = local_profile(provider, redis_url)
     assert settings.root_lm.name == "openai/boundary-model" and not settings.root_lm.scripted
     assert API_KEY not in repr(settings.root_lm)
     provider.replies.append("pong")
@@ -102,14 +101,14 @@ def test_local_profile_reaches_an_openai_compatible_endpoint(provider: FakeProvi
     assert provider.headers[0]["authorization"] == f"Bearer {API_KEY}"
 
 
-def test_a_whole_rlm_turn_runs_on_the_provider_path(provider: FakeProvider) -> None:
+def test_a_whole_rlm_turn_runs_on_the_provider_path(provider: FakeProvider, redis_url: str) -> None:
     """Root actions and the llm_query answer come over HTTP; the cells run in a real bwrap sandbox."""
     import shutil
     import tempfile
 
     from fleet_worker.app import sandbox_provider
 
-    settings = local_profile(provider)
+    settings = local_profile(provider, redis_url)
     provider.replies += [
         "[[ ## reasoning ## ]]\nAsk the sub-LM.\n\n[[ ## code ## ]]\nr = llm_query('hi')\nprint(r)\n\n"
         "[[ ## completed ## ]]",

@@ -18,6 +18,7 @@ from fleet_gateway.fanout import EventFanout
 from fleet_gateway.streaming import RunView, StreamDeps, stream_run
 from fleet_shared import event_log, redis_keys
 from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.event_log import Appended, RunLog
 from fleet_shared.events import (
     Answer,
     IterationFinished,
@@ -46,6 +47,13 @@ async def deps(fanout: EventFanout, sqlite_url: str) -> AsyncIterator[StreamDeps
     engine = create_engine(sqlite_url)
     yield StreamDeps(fanout.redis, fanout, session_factory(engine), heartbeat_seconds=0.3)
     await engine.dispose()
+
+
+async def log_event(redis: aioredis.Redis, event: RunEvent) -> None:
+    """Log an event as the Run's worker does: under the Run's lease."""
+    runlog = RunLog(redis)
+    await runlog.take_lease(event.run_id, "test-worker", 60_000, replace=True)
+    assert (await runlog.append(event, "test-worker")).status is Appended.APPENDED
 
 
 def run_view(run_id: str) -> RunView:
@@ -88,13 +96,13 @@ async def test_events_published_before_the_stream_opened_are_not_lost(
     run_id = new_id()
     events = body(run_id)
     for event in events[:3]:  # the worker raced ahead of the client's subscription
-        await event_log.append(redis_client, event)
+        await log_event(redis_client, event)
     stream = stream_run(deps, run_view(run_id), delivery="live")
     first = [
         await anext(stream) for _ in range(4)
     ]  # start, then one write per event: status, step, reasoning
     for event in events[3:]:
-        await event_log.append(redis_client, event)
+        await log_event(redis_client, event)
     frames = first + await collect(stream)
     types = [c["type"] for c in chunks(frames)]
     assert types == [
@@ -111,9 +119,12 @@ async def test_events_published_before_the_stream_opened_are_not_lost(
         "finish",
     ]
     assert frames[-1] == b"data: [DONE]\n\n"
-    ids = [frame.split("\n", 1)[0] for frame in split_frames(frames)[1:-1]]
-    assert ids[0] == "id: 1" and ids[-1] == "id: 6"
-    assert frames[3].count(b"id: 3\n") == 3  # reasoning start, delta, end: one event, one write
+    ids = [frame.split("\n", 1)[0] for frame in split_frames(frames)[:-1]]
+    assert ids[0] == "id: 0.0.1"  # start: a control frame before any content
+    assert ids[1] == "id: 1.0" and ids[-1] == "id: 6.0"
+    assert len(set(ids)) == len(ids)  # every frame has its own id
+    # reasoning start, delta, end: one event, one write, three ids
+    assert b"id: 3.0\n" in frames[3] and b"id: 3.1\n" in frames[3] and b"id: 3.2\n" in frames[3]
 
 
 async def test_a_missed_notification_is_filled_from_the_log(
@@ -130,7 +141,7 @@ async def test_a_missed_notification_is_filled_from_the_log(
         )
     # ... then 5 and 6 arrive normally: the stream notices the gap and reads the log.
     for event in events[4:]:
-        await event_log.append(redis_client, event)
+        await log_event(redis_client, event)
     types = [c["type"] for c in chunks(await collect(stream))]
     assert types[0] == "data-status" and types[-1] == "finish"
     assert types.count("text-delta") == 1 and "reasoning-delta" in types
@@ -143,7 +154,7 @@ async def test_heartbeats_fill_silence(deps: StreamDeps, redis_client: aioredis.
     await anext(stream)
     beats = [await anext(stream) for _ in range(2)]  # nothing published: only heartbeats come
     for event in events:
-        await event_log.append(redis_client, event)
+        await log_event(redis_client, event)
     rest = await collect(stream)
     for beat in chunks(beats):
         assert beat == {
@@ -168,7 +179,7 @@ async def test_many_streams_share_one_pubsub_connection(
     assert deps.fanout.active_streams == 8
     for run_id in runs:
         for event in body(run_id):
-            await event_log.append(redis_client, event)
+            await log_event(redis_client, event)
     results = await asyncio.gather(*(collect(stream) for stream in streams))
     for frames in results:
         assert chunks(frames)[-1]["type"] == "finish"
@@ -202,11 +213,11 @@ async def test_an_event_this_gateway_cannot_decode_is_skipped(
     run_id = new_id()
     events = body(run_id)
     for event in events[:2]:
-        await event_log.append(redis_client, event)
+        await log_event(redis_client, event)
     future = b'{"type":"from.the.future","run_id":"%s","seq":3}' % run_id.encode()
     await redis_client.xadd(redis_keys.run_events(run_id), {"e": future}, id="3-0")
     for event in events[3:]:
-        await event_log.append(redis_client, event)
+        await log_event(redis_client, event)
     frames = await collect(stream_run(deps, run_view(run_id), delivery="live"))
     types = [c["type"] for c in chunks(frames)]
     assert types[-1] == "finish" and "text-delta" in types

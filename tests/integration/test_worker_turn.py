@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -16,12 +17,14 @@ from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fleet_shared import event_log
+from fleet_shared import event_log, redis_keys
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import queries
 from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.event_log import Appended, RunLog, lease_token
 from fleet_shared.events import CellOutput, RunCompleted, RunEvent, RunFailed
 from fleet_shared.queue import RUN_TURN, deserialize_job, serialize_job
+from fleet_shared.recovery import Sweeper
 from fleet_worker.app import build_worker
 from fleet_worker.turn import run_turn
 
@@ -81,6 +84,31 @@ class Harness:
 
     async def events(self, run_id: str) -> list[RunEvent]:
         return await event_log.read_all_after(self.redis, run_id, 0)
+
+    def sweeper(self) -> Sweeper:
+        """A sweeper as workers and gateways run it (without the wait after a Redis restart)."""
+        arq = self.arq()
+
+        async def enqueue(run_id: str) -> object:
+            return await arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)
+
+        return Sweeper(
+            sessions=self.sessions,
+            redis=self.redis,
+            runlog=RunLog(self.redis),
+            lease_seconds=self.settings.profile.worker.lease_seconds,
+            owner="test-sweeper",
+            enqueue=enqueue,
+            restart_grace=0,
+        )
+
+    async def log_as_dead_worker(self, run_id: str, attempt: int, *events: RunEvent) -> None:
+        """Events a worker logged under its lease before it died (its lease then lapsed)."""
+        runlog, token = RunLog(self.redis), lease_token(attempt, "dead-worker")
+        assert await runlog.take_lease(run_id, token, 60_000)
+        for event in events:
+            assert (await runlog.append(event, token)).status is Appended.APPENDED
+        await self.redis.delete(redis_keys.run_lease(run_id))
 
 
 def make_settings(
@@ -171,9 +199,7 @@ async def test_duplicate_job_does_nothing(harness_factory) -> None:  # type: ign
     await harness.work()
     before = await harness.events(run_id)
     engine = create_engine(harness.settings.database_url)
-    from fleet_worker.turn import WorkerDeps
-
-    deps = WorkerDeps(harness.settings, session_factory(engine), harness.redis, None, Path(), {})  # type: ignore[arg-type]
+    deps = SimpleNamespace(settings=harness.settings, sessions=session_factory(engine))
     assert await run_turn({"deps": deps, "job_try": 2}, run_id) == "duplicate"
     await engine.dispose()
     assert await harness.events(run_id) == before
@@ -240,16 +266,13 @@ async def test_a_commit_whose_acknowledgement_was_lost_is_recognised(harness_fac
     assert len(turns) == 2  # nothing was written twice
 
 
-async def test_reaper_settles_runs_whose_lease_lapsed(harness_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_sweeper_takes_over_and_settles_runs_whose_lease_lapsed(harness_factory) -> None:  # type: ignore[no-untyped-def]
     from datetime import UTC, datetime, timedelta
 
     from sqlalchemy import update
 
-    from fleet_shared import redis_keys
     from fleet_shared.db.models import Run
     from fleet_shared.events import Reasoning
-    from fleet_worker.reaper import settle_lost_runs
-    from fleet_worker.turn import WorkerDeps
 
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
     lost, leased, fresh = [await harness.submit(f"run {i}") for i in range(3)]
@@ -260,13 +283,17 @@ async def test_reaper_settles_runs_whose_lease_lapsed(harness_factory) -> None: 
         await db.execute(update(Run).where(Run.id.in_([lost, leased])).values(started_at=long_ago))
         await db.commit()
     # The lost Run's worker had published two events before it died.
-    await event_log.append(harness.redis, Reasoning(run_id=lost, seq=1, part_id="r", text="hm"))
-    await event_log.append(harness.redis, Reasoning(run_id=lost, seq=2, part_id="r2", text="hmm"))
+    await harness.log_as_dead_worker(
+        lost,
+        1,
+        Reasoning(run_id=lost, seq=1, part_id="r", text="hm"),
+        Reasoning(run_id=lost, seq=2, part_id="r2", text="hmm"),
+    )
     await harness.redis.set(redis_keys.run_lease(leased), "alive", px=60_000)
 
-    deps = WorkerDeps(harness.settings, harness.sessions, harness.redis, None, Path(), {})  # type: ignore[arg-type]
-    assert await settle_lost_runs(deps) >= 1  # other tests' abandoned Runs may be reaped too
-    assert await settle_lost_runs(deps) == 0  # idempotent
+    sweeper = harness.sweeper()
+    assert await sweeper.settle_lost_runs() >= 1  # other tests' abandoned Runs may be reaped too
+    assert await sweeper.settle_lost_runs() == 0  # idempotent
 
     async with harness.sessions() as db:
         statuses = {r: (await queries.get_run(db, r)).status for r in (lost, leased, fresh)}  # type: ignore[union-attr]
@@ -274,22 +301,25 @@ async def test_reaper_settles_runs_whose_lease_lapsed(harness_factory) -> None: 
         assert run is not None
         turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
     assert statuses == {lost: "failed", leased: "running", fresh: "running"}
-    assert run.failure_code == "worker_lost"
+    assert (run.failure_code, run.attempt) == ("worker_lost", 2)  # the take-over was a claim
     assert turns[-1].role == "assistant" and turns[-1].status == "failed"
     assert [p["text"] for p in turns[-1].parts if p["type"] == "reasoning"] == ["hm", "hmm"]
     logged = await harness.events(lost)
     assert [e.seq for e in logged] == [1, 2, 3]
     assert isinstance(logged[-1], RunFailed) and logged[-1].code == "worker_lost"
+    assert not await harness.redis.exists(redis_keys.run_lease(lost))  # the sweeper let go
 
-    # The "lost" worker was only stalled: its own ending must not pass for the reaper's.
+    # The "lost" worker was only stalled: its late commit and its late events are refused.
     from fleet_shared.run_state import RunCommand
     from fleet_worker.settlement import commit_once
 
-    zombie_end = RunFailed(run_id=lost, seq=5, code="lm_error", message="late")
+    zombie_end = RunFailed(run_id=lost, seq=4, code="lm_error", message="late")
     zombie = settlement_of(run, RunCommand.FAIL, [zombie_end], failure_code="lm_error")
+    zombie = msgspec.structs.replace(zombie, attempt=1)
     async with harness.sessions() as db:
         assert await commit_once(db, zombie) is False
-    assert await event_log.append(harness.redis, logged[-1]) is False  # a duplicate seq is not re-sent
+    result = await RunLog(harness.redis).append(zombie_end, lease_token(1, "dead-worker"))
+    assert result.status is Appended.FENCED
     assert [e.seq for e in await harness.events(lost)] == [1, 2, 3]
 
 
@@ -300,8 +330,6 @@ async def test_reaper_requeues_a_lost_job_and_gives_up_on_an_ancient_one(harness
     from sqlalchemy import update
 
     from fleet_shared.db.models import Run
-    from fleet_worker.reaper import requeue_lost_jobs
-    from fleet_worker.turn import WorkerDeps
 
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
     lost = await harness.submit("lost", enqueue=False)
@@ -319,9 +347,8 @@ async def test_reaper_requeues_a_lost_job_and_gives_up_on_an_ancient_one(harness
         )
         await db.execute(update(Run).where(Run.id == ancient).values(created_at=now - timedelta(hours=1)))
         await db.commit()
-    deps = WorkerDeps(harness.settings, harness.sessions, harness.redis, None, Path(), {})  # type: ignore[arg-type]
     arq = harness.arq()
-    assert await requeue_lost_jobs(deps, arq) >= 3
+    assert await harness.sweeper().requeue_lost_jobs() >= 3
     assert await arq.exists(f"arq:job:{lost}") and await arq.exists(f"arq:job:{waiting}")
     await arq.aclose()
     await harness.work()  # the re-enqueued job really runs
@@ -340,10 +367,7 @@ async def test_a_crowd_of_healthy_runs_does_not_hide_a_lost_one(harness_factory)
 
     from sqlalchemy import update
 
-    from fleet_shared import redis_keys
     from fleet_shared.db.models import Run
-    from fleet_worker.reaper import settle_lost_runs
-    from fleet_worker.turn import WorkerDeps
 
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
     healthy = [await harness.submit(f"healthy {i}", enqueue=False) for i in range(60)]
@@ -358,8 +382,7 @@ async def test_a_crowd_of_healthy_runs_does_not_hide_a_lost_one(harness_factory)
         await db.commit()
     for run_id in healthy:
         await harness.redis.set(redis_keys.run_lease(run_id), "alive", px=60_000)
-    deps = WorkerDeps(harness.settings, harness.sessions, harness.redis, None, Path(), {})  # type: ignore[arg-type]
-    await settle_lost_runs(deps)
+    await harness.sweeper().settle_lost_runs()
     async with harness.sessions() as db:
         assert (await queries.get_run(db, lost)).status == "failed"  # type: ignore[union-attr]
         statuses = {(await queries.get_run(db, r)).status for r in healthy}  # type: ignore[union-attr]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
+import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,23 +17,30 @@ from litestar import Litestar, Request, Router
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 from litestar.handlers.base import BaseRouteHandler
-from redis.asyncio import ConnectionPool
+from redis.asyncio import ConnectionPool, Redis
 from redis.exceptions import RedisError
-from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from fleet_gateway.errors import EXCEPTION_HANDLERS, ApiError, envelope
+from fleet_gateway.errors import EXCEPTION_HANDLERS, ApiError, envelope, handle_unexpected
 from fleet_gateway.fanout import EventFanout
 from fleet_gateway.middleware import add_request_id_header, request_id_middleware
 from fleet_gateway.routes.health import health, ready
+from fleet_gateway.routes.runs import RunController
 from fleet_gateway.routes.sessions import SessionController
 from fleet_gateway.routes.turns import TurnController
 from fleet_gateway.state import GatewayState
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.db.faults import is_unreachable
+from fleet_shared.event_log import RunLog
 from fleet_shared.queue import deserialize_job, serialize_job
+from fleet_shared.recovery import Sweeper
+from fleet_shared.redis_conn import CONNECT_TIMEOUT_SECONDS, RETRY_ON, retry_policy
 
 log = structlog.get_logger(__name__)
+REDIS_RETRIES = 3  # 350 ms: a blip is absorbed; an outage is a quick 503 (clients retry)
+SWEEP_INTERVAL_SECONDS = 0.5
 
 
 def create_app(settings: Settings) -> Litestar:
@@ -38,19 +49,44 @@ def create_app(settings: Settings) -> Litestar:
     @asynccontextmanager
     async def resources(_app: Litestar) -> AsyncIterator[None]:
         engine = create_engine(settings.database_url)
+        pool = ConnectionPool.from_url(
+            settings.redis_url,
+            socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            retry=retry_policy(REDIS_RETRIES),
+            retry_on_error=list(RETRY_ON),
+        )
         arq = ArqRedis(
-            ConnectionPool.from_url(settings.redis_url, socket_connect_timeout=5),
+            pool,
             job_serializer=serialize_job,
             job_deserializer=deserialize_job,
             default_queue_name=settings.profile.worker.queue_name,
         )
         fanout = EventFanout(arq)
         await fanout.start()
-        holder["state"] = GatewayState(settings, engine, session_factory(engine), arq, fanout)
+        process_id = f"{socket.gethostname()}:{os.getpid()}"
+        probe = Redis.from_url(settings.redis_url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS)
+        state = GatewayState(
+            settings, engine, session_factory(engine), arq, fanout, RunLog(arq), process_id, probe
+        )
+        holder["state"] = state
+        # Gateways sweep for lost Runs too, so a Run is recovered even when no worker is alive.
+        sweeper = Sweeper(
+            sessions=state.sessions,
+            redis=arq,
+            runlog=state.runlog,
+            lease_seconds=settings.profile.worker.lease_seconds,
+            owner=f"gateway:{process_id}",
+            enqueue=state.enqueue,
+        )
+        sweeping = asyncio.create_task(sweeper.run_forever(SWEEP_INTERVAL_SECONDS), name="fleet-sweep")
         try:
             yield
         finally:
+            sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeping
             await fanout.stop()
+            await probe.aclose()
             await arq.aclose()
             await engine.dispose()
 
@@ -63,7 +99,7 @@ def create_app(settings: Settings) -> Litestar:
 
     api = Router(
         path="/",
-        route_handlers=[SessionController, TurnController],
+        route_handlers=[SessionController, TurnController, RunController],
         guards=[require_token(settings)],
     )
     return Litestar(
@@ -76,10 +112,10 @@ def create_app(settings: Settings) -> Litestar:
         exception_handlers={
             **EXCEPTION_HANDLERS,
             # Only "cannot reach it" is a 503 (retry); anything else from the DB is a logged 500.
-            OperationalError: dependency_down("the database"),
-            InterfaceError: dependency_down("the database"),
+            SQLAlchemyError: database_error,
             DataError: bad_value,
             RedisError: dependency_down("Redis"),
+            OSError: dependency_down("a dependency"),  # e.g. a refused connection, unwrapped
         },
         middleware=[request_id_middleware],
         before_send=[add_request_id_header],
@@ -97,6 +133,12 @@ def dependency_down(what: str) -> Any:
         return envelope(503, "service_unavailable", f"{what} is unavailable; retry shortly")
 
     return handler
+
+
+def database_error(request: Request[Any, Any, Any], exc: SQLAlchemyError) -> Any:
+    if is_unreachable(exc):
+        return dependency_down("the database")(request, exc)
+    return handle_unexpected(request, exc)
 
 
 def bad_value(request: Request[Any, Any, Any], exc: DataError) -> Any:

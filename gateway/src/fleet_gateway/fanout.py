@@ -20,7 +20,14 @@ log = structlog.get_logger(__name__)
 MIN_RETRY_SECONDS = 0.2
 MAX_RETRY_SECONDS = 5.0
 RESYNC = None  # queued to every subscriber after a reconnect: "re-read the log, you may have a gap"
-Notice = RunEvent | None
+
+
+class Closing:
+    """Queued to every subscriber when the gateway stops: "end now, the client will resume"."""
+
+
+CLOSING = Closing()
+Notice = RunEvent | Closing | None
 
 
 class EventFanout:
@@ -36,6 +43,9 @@ class EventFanout:
         self.task = asyncio.create_task(self.listen_forever(), name="fleet-fanout")
 
     async def stop(self) -> None:
+        for queues in self.subscribers.values():
+            for queue in queues:
+                queue.put_nowait(CLOSING)
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

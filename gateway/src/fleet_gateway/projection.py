@@ -39,7 +39,7 @@ class StreamState:
     idempotent_replay: bool = False
     phase: Phase = "queued"
     step_open: bool = False
-    last_seq: int = 0
+    projected_seq: int = 0  # the last event projected (sent, or skipped as before the cursor)
     finished: bool = False
     open_tools: set[str] = field(default_factory=set)
 
@@ -72,7 +72,7 @@ def heartbeat_chunk(state: StreamState) -> Chunk:
 
 def project(event: RunEvent, state: StreamState) -> list[Chunk]:
     """The chunks for one event; updates `state`. Terminal events close the stream's parts."""
-    state.last_seq = max(state.last_seq, event.seq)
+    state.projected_seq = max(state.projected_seq, event.seq)
     match event:
         case StatusChanged(phase=phase, message=message):
             state.phase = phase

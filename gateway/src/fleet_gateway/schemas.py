@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from fleet_shared.db.models import Session, Turn
+from fleet_shared.db.models import Run, Session, Turn
 
 MAX_INT32 = 2**31 - 1
 # Text fields refuse NUL: PostgreSQL cannot store it, and no client means to send it.
@@ -90,3 +90,42 @@ class Health(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     status: str
     version: str
     checks: dict[str, str] = {}
+
+
+class RunOut(msgspec.Struct, frozen=True, kw_only=True):
+    """A Run's state (GET /api/runs/{run_id}); `failure_message` is safe to show to users."""
+
+    id: str
+    session_id: str
+    status: Literal["queued", "running", "settling", "completed", "failed", "cancelled", "timed_out"]
+    attempt: int
+    model: str
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    failure_code: str | None
+    failure_message: str | None
+    usage: dict[str, Any] | None
+    last_event_seq: int
+
+    @classmethod
+    def of(cls, run: Run, iso: Any) -> RunOut:
+        return cls(
+            id=run.id,
+            session_id=run.session_id,
+            status=run.status,  # type: ignore[arg-type]
+            attempt=run.attempt,
+            model=run.model,
+            created_at=iso(run.created_at),
+            started_at=iso(run.started_at) if run.started_at else None,
+            finished_at=iso(run.finished_at) if run.finished_at else None,
+            failure_code=run.failure_code,
+            failure_message=run.failure_message,
+            usage=run.usage,
+            last_event_seq=run.last_seq,
+        )
+
+
+class CancellationOut(msgspec.Struct, frozen=True):
+    run_id: str
+    state: Literal["requested", "already_requested", "already_terminal"]

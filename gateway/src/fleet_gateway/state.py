@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from arq.connections import ArqRedis
+from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from fleet_gateway.fanout import EventFanout
 from fleet_gateway.streaming import StreamDeps
 from fleet_shared.config import Settings
+from fleet_shared.event_log import RunLog
+from fleet_shared.queue import RUN_TURN
 
 
 @dataclass
@@ -19,12 +22,21 @@ class GatewayState:
     sessions: async_sessionmaker[AsyncSession]
     arq: ArqRedis  # also the plain Redis client: it is one
     fanout: EventFanout
+    runlog: RunLog
+    process_id: str
+    probe: Redis  # no retries: readiness reports an outage at once instead of riding it out
 
     @property
     def stream_deps(self) -> StreamDeps:
+        profile = self.settings.profile
         return StreamDeps(
             redis=self.arq,
             fanout=self.fanout,
             sessions=self.sessions,
-            heartbeat_seconds=self.settings.profile.runtime.heartbeat_seconds,
+            heartbeat_seconds=profile.runtime.heartbeat_seconds,
+            max_seconds=profile.gateway.stream_max_seconds,
         )
+
+    async def enqueue(self, run_id: str) -> object:
+        """Queue the Run's job (job id = run id); None when that job is already queued."""
+        return await self.arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)

@@ -1,4 +1,10 @@
-"""The Turn stream: start, then the Run's events (log first, then live), heartbeats, terminal, DONE."""
+"""The Turn stream: start, the Run's events (log first, then live), heartbeats, terminal, DONE.
+
+One stream follows one Run from a position (the start, or a client's Last-Event-ID). It rides out
+Redis faults: it keeps heartbeating, reads the log again once Redis is back, and asks the DB
+whether the Run settled meanwhile. A stream lives at most `gateway.stream_max_seconds`, or until
+the gateway stops; then it ends without `[DONE]` and the client resumes where it was.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +13,14 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import msgspec
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fleet_gateway.fanout import EventFanout
+from fleet_gateway.fanout import Closing, EventFanout
+from fleet_gateway.frames import DONE_FRAME, START, Position, content_frame, control_frame
 from fleet_gateway.projection import (
     Chunk,
     Delivery,
@@ -22,6 +28,7 @@ from fleet_gateway.projection import (
     heartbeat_chunk,
     project,
     start_chunk,
+    status_chunk,
 )
 from fleet_shared import event_log
 from fleet_shared.db import queries
@@ -37,13 +44,8 @@ SSE_HEADERS = {
     "X-Vercel-AI-UI-Message-Stream": "v1",
     "X-Accel-Buffering": "no",
 }
-DONE_FRAME = b"data: [DONE]\n\n"
 DB_CHECK_EVERY_BEATS = 3
-CHUNK_ENCODER = msgspec.json.Encoder()
-
-
-def frame(seq: int, chunk: Chunk) -> bytes:
-    return b"id: %d\ndata: %s\n\n" % (seq, CHUNK_ENCODER.encode(chunk))
+RECONNECT_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)  # after a Redis fault, re-read the log this often
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class StreamDeps:
     fanout: EventFanout
     sessions: async_sessionmaker[AsyncSession]
     heartbeat_seconds: float
+    max_seconds: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,18 @@ def iso(moment: datetime) -> str:
     return moment.isoformat().replace("+00:00", "Z")
 
 
+@dataclass
+class Cursor:
+    """Where this connection is: the last content frame sent (or resumed from), control frames since."""
+
+    position: Position = START
+    controls: int = 0
+
+    def control(self, chunk: Chunk) -> bytes:
+        self.controls += 1
+        return control_frame(self.position, self.controls, chunk)
+
+
 async def stream_run(
     deps: StreamDeps,
     run: RunView,
@@ -82,96 +97,133 @@ async def stream_run(
     delivery: Delivery,
     idempotent_replay: bool = False,
     from_db: bool = False,
+    after: Position = START,
 ) -> AsyncIterator[bytes]:
     """The whole SSE body. `from_db` streams a settled Run from its committed events only."""
     state = StreamState(run.id, run.session_id, idempotent_replay=idempotent_replay)
-    start = start_chunk(state, created_at=iso(run.created_at), delivery=delivery, model=run.model)
-    yield frame(0, start)
-    try:
-        if from_db:
-            async for data in replay_from_db(deps, run, state):
-                yield data
-        else:
-            async for data in follow_live(deps, run, state):
-                yield data
-    except (RedisError, OSError, SQLAlchemyError) as exc:
-        log.warning("stream.interrupted", run_id=run.id, error=str(exc))
-        yield frame(state.last_seq, {"type": "error", "errorText": interrupted_text()})
-        yield frame(state.last_seq, {"type": "finish", "finishReason": "error"})
-    yield DONE_FRAME
-
-
-def interrupted_text() -> str:
-    return (
-        "service_unavailable: the event stream was interrupted; the Turn keeps running "
-        "and its result will appear in the session history"
+    cursor = Cursor(after)
+    yield cursor.control(
+        start_chunk(state, created_at=iso(run.created_at), delivery=delivery, model=run.model)
     )
+    source = replay_from_db(deps, run, state, cursor) if from_db else follow_live(deps, run, state, cursor)
+    try:
+        async for data in source:
+            yield data
+    except (SQLAlchemyError, RedisError, OSError) as exc:
+        log.warning("stream.cut_short", run_id=run.id, error_type=type(exc).__name__)
+    if state.finished:
+        yield DONE_FRAME
+    else:  # cut short (lifetime cap, gateway stopping): the client resumes from its last id
+        yield cursor.control(status_chunk(state.phase, "reconnect", "resume with Last-Event-ID"))
 
 
-def emit(events: Iterable[RunEvent], state: StreamState) -> list[bytes]:
-    """One write per event: its chunks share its `id:` and leave the server together, so a
-    client's Last-Event-ID never points into the middle of an event."""
+def emit(events: Iterable[RunEvent], state: StreamState, cursor: Cursor) -> list[bytes]:
+    """Project events in seq order; send the chunks after the cursor, each as its own frame.
+
+    An event's frames leave in one write, but each has its own id, so a client cut off inside
+    an event resumes at the next chunk. Events before the cursor are projected (the stream's
+    state needs them) but not sent."""
     out: list[bytes] = []
     for event in events:
-        if event.seq <= state.last_seq or state.finished:
-            continue  # already sent (log and live overlap) or after the terminal
-        out.append(b"".join(frame(event.seq, chunk) for chunk in project(event, state)))
+        if event.seq <= state.projected_seq or state.finished:
+            continue  # already projected (log and live overlap), or after the terminal
+        frames = []
+        for index, chunk in enumerate(project(event, state)):
+            position = Position(event.seq, index)
+            if position > cursor.position:
+                frames.append(content_frame(position, chunk))
+                cursor.position, cursor.controls = position, 0
+        if frames:
+            out.append(b"".join(frames))
     return out
 
 
-async def replay_from_db(deps: StreamDeps, run: RunView, state: StreamState) -> AsyncIterator[bytes]:
+async def replay_from_db(
+    deps: StreamDeps, run: RunView, state: StreamState, cursor: Cursor
+) -> AsyncIterator[bytes]:
     async with deps.sessions() as db:
         events = await queries.load_run_events(db, run.id)
         row = await queries.get_run(db, run.id)
-    for data in emit(events, state):
+    for data in emit(events, state, cursor):
         yield data
     if not state.finished and row is not None:
-        for data in emit([terminal_from_row(row, state.last_seq + 1)], state):
+        for data in emit([terminal_from_row(row, state.projected_seq + 1)], state, cursor):
             yield data
 
 
-async def follow_live(deps: StreamDeps, run: RunView, state: StreamState) -> AsyncIterator[bytes]:
+async def follow_live(
+    deps: StreamDeps, run: RunView, state: StreamState, cursor: Cursor
+) -> AsyncIterator[bytes]:
+    """Log first, then live notices; the log again after any gap, resync or Redis fault."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deps.max_seconds
+    faults = beats = 0
+    read_log = first = True
     # Subscribe before reading the log: an event published in between is then in one or both.
     async with deps.fanout.subscribe(run.id) as queue:
-        for data in emit(await event_log.read_all_after(deps.redis, run.id, 0), state):
-            yield data
-        if not state.finished:
-            for data in await settled_without_log(deps, run, state):
-                yield data
-        idle_beats = 0
         while not state.finished:
-            try:
-                notice = await asyncio.wait_for(queue.get(), timeout=deps.heartbeat_seconds)
-            except TimeoutError:
-                yield frame(state.last_seq, heartbeat_chunk(state))
-                idle_beats += 1
-                out = emit(await event_log.read_all_after(deps.redis, run.id, state.last_seq), state)
-                # The DB check (a Run that ended without logging it) is rarer: every open stream
-                # would otherwise query the DB on every heartbeat.
-                if not out and idle_beats % DB_CHECK_EVERY_BEATS == 0:
-                    out = await settled_without_log(deps, run, state)
-                for data in out:
+            if read_log:
+                try:
+                    batch = await event_log.read_all_after(deps.redis, run.id, state.projected_seq)
+                    read_log, faults = False, 0
+                except (RedisError, OSError) as exc:
+                    if faults == 0:
+                        log.warning("stream.redis_unavailable", run_id=run.id, error_type=type(exc).__name__)
+                    faults += 1
+                    batch = []
+                for data in emit(batch, state, cursor):
                     yield data
+                if not state.finished and (faults or first):
+                    for data in await settled_in_db(deps, run, state, cursor):
+                        yield data
+                first = False
+                if state.finished:
+                    return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            wait = (
+                RECONNECT_SECONDS[min(faults, len(RECONNECT_SECONDS)) - 1]
+                if faults
+                else deps.heartbeat_seconds
+            )
+            try:
+                notice = await asyncio.wait_for(queue.get(), timeout=min(wait, remaining))
+            except TimeoutError:
+                beats += 1
+                yield cursor.control(heartbeat_chunk(state))
+                read_log = True  # cheap, and catches anything a lost notice hid
+                if beats % DB_CHECK_EVERY_BEATS == 0 and not faults:
+                    for data in await settled_in_db(deps, run, state, cursor):
+                        yield data
                 continue
-            idle_beats = 0
-            if notice is not None and notice.seq == state.last_seq + 1:
-                batch: list[RunEvent] = [notice]
+            if isinstance(notice, Closing):
+                return
+            if notice is not None and notice.seq == state.projected_seq + 1:
+                for data in emit([notice], state, cursor):
+                    yield data
             else:  # a resync, or a gap: the log has everything in order
-                batch = await event_log.read_all_after(deps.redis, run.id, state.last_seq)
-            for data in emit(batch, state):
-                yield data
+                read_log = True
 
 
-async def settled_without_log(deps: StreamDeps, run: RunView, state: StreamState) -> list[bytes]:
-    """A Run that ended without (more) logged events: failed to enqueue, or its log expired."""
-    async with deps.sessions() as db:
-        row = await queries.get_run(db, run.id)
-        if row is None or not is_terminal(row.status):
-            return []
-        events = await queries.load_run_events(db, run.id, state.last_seq)
-    out = emit(events, state)
+def reconnect_delay(faults: int) -> float:
+    return RECONNECT_SECONDS[min(faults, len(RECONNECT_SECONDS)) - 1]
+
+
+async def settled_in_db(deps: StreamDeps, run: RunView, state: StreamState, cursor: Cursor) -> list[bytes]:
+    """A Run that ended without (more) logged events: its log was lost, or never written."""
+    try:
+        async with deps.sessions() as db:
+            row = await queries.get_run(db, run.id)
+            if row is None or not is_terminal(row.status):
+                return []
+            events = await queries.load_run_events(db, run.id, state.projected_seq)
+    except (SQLAlchemyError, OSError) as exc:
+        log.warning("stream.db_unavailable", run_id=run.id, error_type=type(exc).__name__)
+        return []
+    out = emit(events, state, cursor)
     if not state.finished:
-        out.extend(emit([terminal_from_row(row, state.last_seq + 1)], state))
+        out.extend(emit([terminal_from_row(row, state.projected_seq + 1)], state, cursor))
     return out
 
 

@@ -85,7 +85,7 @@ class StorageSection(Section):
 
 class WorkerSection(Section):
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
-    lease_seconds: Annotated[float, msgspec.Meta(ge=2)] = 10
+    lease_seconds: Annotated[float, msgspec.Meta(ge=2)] = 3
     drain_seconds: Annotated[float, msgspec.Meta(ge=0)] = 30
     queue_name: str = "fleet:queue"
 
@@ -97,6 +97,9 @@ class LimitsSection(Section):
 
 class GatewaySection(Section):
     limits: LimitsSection = msgspec.field(default_factory=LimitsSection)
+    # An SSE connection ends after this long (the client resumes with Last-Event-ID), so proxies
+    # and rolling deploys never wait on a stream forever.
+    stream_max_seconds: Annotated[float, msgspec.Meta(ge=10, le=86_400)] = 900
 
 
 class ObservabilitySection(Section):

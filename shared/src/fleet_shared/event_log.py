@@ -1,23 +1,34 @@
-"""A Run's event log in Redis: a Stream keyed by seq (the replay source) plus a pub/sub notify."""
+"""A Run's event log and lease in Redis: a Stream keyed by seq (the replay source), a pub/sub
+notify, and the lease that fences who may write. Every write that needs a check is one Lua script.
+"""
 
 from __future__ import annotations
 
-import hashlib
+from enum import IntEnum
+from typing import NamedTuple
 
 import msgspec
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
 
 from fleet_shared import redis_keys
 from fleet_shared.events import RunEvent, decode_event, encode_event
 
 FIELD = b"e"
+READ_BATCH = 500
 log = structlog.get_logger(__name__)
 
 
 def events_channel(redis: Redis) -> str:
-    return redis_keys.events_channel(int(redis.connection_pool.connection_kwargs.get("db", 0)))
+    return redis_keys.events_channel(redis_db(redis))
+
+
+def control_channel(redis: Redis) -> str:
+    return redis_keys.control_channel(redis_db(redis))
+
+
+def redis_db(redis: Redis) -> int:
+    return int(redis.connection_pool.connection_kwargs.get("db", 0))
 
 
 def stream_id(seq: int) -> str:
@@ -25,56 +36,138 @@ def stream_id(seq: int) -> str:
     return f"{seq}-0"
 
 
-# Log, then announce, atomically; a seq that is already logged is neither logged nor announced
-# again, so a late or duplicate writer can never put a second terminal event on the wire.
+class Appended(IntEnum):
+    FENCED = -1  # the writer does not hold the Run's lease: nothing was written
+    DUPLICATE = 0  # this seq is already logged (a retried write): nothing was written again
+    APPENDED = 1
+    GAP = 2  # the log ends before seq - 1 (Redis lost it): the writer must send from last_seq + 1
+
+
+class AppendResult(NamedTuple):
+    status: Appended
+    last_seq: int  # the log's last seq after the call
+
+
+class LeaseCheck(IntEnum):
+    TAKEN = -1  # someone else holds it
+    MISSING = 0  # it lapsed, or Redis lost it
+    HELD = 1
+    CANCEL_REQUESTED = 2  # held, and a client asked to cancel the Run
+
+
+# KEYS: log, lease. ARGV: seq, payload, log ttl, channel, token.
+# Log, then announce, atomically, and only for the lease holder and only the next seq: a late
+# writer or a duplicate can never put an event on the wire, and a gap is reported, not written.
 APPEND_SCRIPT = """
-local added = redis.pcall('XADD', KEYS[1], ARGV[1], 'e', ARGV[2])
-if type(added) == 'table' and added.err then return 0 end
+if redis.call('GET', KEYS[2]) ~= ARGV[5] then return {-1, 0} end
+local last = 0
+local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #tail > 0 then last = tonumber(string.match(tail[1][1], '^(%d+)')) end
+local seq = tonumber(ARGV[1])
+if seq <= last then return {0, last} end
+if seq > last + 1 then return {2, last} end
+redis.call('XADD', KEYS[1], ARGV[1] .. '-0', 'e', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[2])
+return {1, seq}
+"""
+
+# KEYS: lease, cancel flag. ARGV: token, ttl ms.
+RENEW_SCRIPT = """
+local holder = redis.call('GET', KEYS[1])
+if not holder then return 0 end
+if holder ~= ARGV[1] then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('EXISTS', KEYS[2]) == 1 then return 2 end
 return 1
 """
 
+# KEYS: lease. ARGV: token, ttl ms. Take a free lease, or keep one already ours.
+TAKE_SCRIPT = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
 
-APPEND_SHA = hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest()
-
-
-async def append(redis: Redis, event: RunEvent) -> bool:
-    """Log and announce the event; False when its seq was already logged (nothing is sent)."""
-    keys = [redis_keys.run_events(event.run_id)]
-    args: list[str] = [
-        stream_id(event.seq),
-        encode_event(event).decode(),
-        str(redis_keys.EVENT_LOG_TTL_SECONDS),
-        events_channel(redis),
-    ]
-    try:  # the hot path: every event of every Run; send the script body only once per server
-        added = await redis.evalsha(APPEND_SHA, len(keys), *keys, *args)  # type: ignore[misc]
-    except NoScriptError:
-        added = await redis.eval(APPEND_SCRIPT, len(keys), *keys, *args)  # type: ignore[misc]
-    return bool(added)
+# KEYS: lease. ARGV: token.
+RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
-async def read_after(redis: Redis, run_id: str, after_seq: int, count: int = 500) -> list[RunEvent]:
-    """Events with seq > after_seq, oldest first (at most `count`)."""
+def lease_token(attempt: int, owner: str) -> str:
+    """Unique per claim: each claim bumps the Run's attempt."""
+    return f"{attempt}:{owner}"
+
+
+class RunLog:
+    """The fenced writes to Runs' logs and leases, for one Redis client (scripts registered once)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self.channel = events_channel(redis)
+        self.append_script = redis.register_script(APPEND_SCRIPT)
+        self.renew_script = redis.register_script(RENEW_SCRIPT)
+        self.release_script = redis.register_script(RELEASE_SCRIPT)
+        self.take_script = redis.register_script(TAKE_SCRIPT)
+
+    async def append(self, event: RunEvent, token: str) -> AppendResult:
+        """Log and announce the event, if `token` holds the Run's lease and seq is the next one."""
+        keys = [redis_keys.run_events(event.run_id), redis_keys.run_lease(event.run_id)]
+        args: list[str | bytes | int] = [
+            event.seq,
+            encode_event(event),
+            redis_keys.EVENT_LOG_TTL_SECONDS,
+            self.channel,
+            token,
+        ]
+        status, last = await self.append_script(keys, args)
+        return AppendResult(Appended(int(status)), int(last))
+
+    async def take_lease(self, run_id: str, token: str, ttl_ms: int, *, replace: bool = False) -> bool:
+        """Take the lease if it is free (or already ours); `replace` overwrites any holder (after
+        a DB claim, which makes any earlier holder stale)."""
+        key = redis_keys.run_lease(run_id)
+        if replace:
+            return bool(await self.redis.set(key, token, px=ttl_ms))
+        return bool(await self.take_script([key], [token, ttl_ms]))
+
+    async def renew_lease(self, run_id: str, token: str, ttl_ms: int) -> LeaseCheck:
+        keys = [redis_keys.run_lease(run_id), redis_keys.run_cancel(run_id)]
+        return LeaseCheck(int(await self.renew_script(keys, [token, ttl_ms])))
+
+    async def release_lease(self, run_id: str, token: str) -> None:
+        await self.release_script([redis_keys.run_lease(run_id)], [token])
+
+
+async def read_after(redis: Redis, run_id: str, after_seq: int, count: int = READ_BATCH) -> list[RunEvent]:
+    """Events with seq > after_seq, oldest first (at most `count` log entries)."""
+    return (await read_page(redis, run_id, after_seq, count))[0]
+
+
+async def read_page(redis: Redis, run_id: str, after_seq: int, count: int) -> tuple[list[RunEvent], int, int]:
+    """Up to `count` entries after `after_seq`: the decodable events, the entries read, the last seq."""
     entries = await redis.xrange(
         redis_keys.run_events(run_id), min=stream_id(after_seq + 1), max="+", count=count
     )
     events = []
+    last_seq = after_seq
     for entry_id, fields in entries:
+        last_seq = int(entry_id.split(b"-", 1)[0])
         try:
             events.append(decode_event(fields[FIELD]))
         except (msgspec.DecodeError, KeyError):
             # A newer worker's event type during a rolling deploy: skip it, keep the stream.
             log.warning("event_log.undecodable", run_id=run_id, entry=str(entry_id))
-    return events
+    return events, len(entries), last_seq
 
 
 async def read_all_after(redis: Redis, run_id: str, after_seq: int) -> list[RunEvent]:
     events: list[RunEvent] = []
     while True:
-        batch = await read_after(redis, run_id, after_seq)
+        batch, entries, after_seq = await read_page(redis, run_id, after_seq, READ_BATCH)
         events.extend(batch)
-        if len(batch) < 500:
+        if entries < READ_BATCH:
             return events
-        after_seq = batch[-1].seq

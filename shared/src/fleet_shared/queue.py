@@ -32,3 +32,10 @@ def deserialize_job(data: bytes) -> dict[str, Any]:
 
 def health_check_key(queue_name: str) -> str:
     return queue_name + HEALTH_CHECK_SUFFIX
+
+
+# arq's own key prefixes (arq.constants), named here so the shared sweep can tell a queued job from
+# a lost one without importing arq; tests/unit/shared/test_queue.py checks they still match.
+ARQ_JOB_PREFIX = "arq:job:"
+ARQ_IN_PROGRESS_PREFIX = "arq:in-progress:"
+ARQ_RESULT_PREFIX = "arq:result:"

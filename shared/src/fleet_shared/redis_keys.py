@@ -1,10 +1,14 @@
 """Redis key names: one prefix and pure functions, so every key fleet writes is listed here.
 
+Every key of one Run carries the hash tag `{<run_id>}`, so that on a Redis Cluster they share a
+slot and the Lua scripts that touch several of them stay single-slot.
+
 arq owns its own keys (the queue, job records, `<queue>:health-check`); see `fleet_shared.queue`.
 """
 
 PREFIX = "fleet"
 EVENT_LOG_TTL_SECONDS = 24 * 3600  # how long a Run's stream log outlives its last write
+CANCEL_FLAG_TTL_SECONDS = 24 * 3600  # longer than any Turn may run
 
 
 def events_channel(db: int) -> str:
@@ -13,11 +17,29 @@ def events_channel(db: int) -> str:
     return f"{PREFIX}:events:db{db}"
 
 
+def control_channel(db: int) -> str:
+    """Pub/sub carrying cancel notices (a run id each) from gateways to workers."""
+    return f"{PREFIX}:control:db{db}"
+
+
 def run_events(run_id: str) -> str:
     """The Redis Stream that logs a Run's events in order; the source of truth while it runs."""
-    return f"{PREFIX}:run:{run_id}:events"
+    return f"{PREFIX}:run:{{{run_id}}}:events"
 
 
 def run_lease(run_id: str) -> str:
-    """Held (with a short TTL, renewed) by the worker running the Run; its absence means lost."""
-    return f"{PREFIX}:run:{run_id}:lease"
+    """Held (with a short TTL, renewed) by whoever owns the Run; its value is the owner's token.
+
+    Only the holder may append to the Run's event log, so a stalled worker that lost the lease
+    can never put a late event on the wire."""
+    return f"{PREFIX}:run:{{{run_id}}}:lease"
+
+
+def run_cancel(run_id: str) -> str:
+    """Set when a client asks to cancel a running Run; the owner sees it when it renews."""
+    return f"{PREFIX}:run:{{{run_id}}}:cancel"
+
+
+def sweeper() -> str:
+    """Held for one sweep interval by the process that sweeps for lost Runs this time."""
+    return f"{PREFIX}:sweeper"

@@ -26,10 +26,13 @@ class RunCommand(StrEnum):
     FAIL = "fail"
     CANCEL = "cancel"
     TIME_OUT = "time_out"
+    TAKE_OVER = "take_over"  # a sweeper claims a Run whose worker lost its lease, to settle it
 
 
 ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SETTLING})
 TERMINAL_STATUSES = frozenset(set(RunStatus) - ACTIVE_STATUSES)
+# Commands that claim the Run for a new owner: each bumps `attempt`, which fences the old owner.
+CLAIMS = frozenset({RunCommand.START, RunCommand.TAKE_OVER})
 
 S, C = RunStatus, RunCommand
 TRANSITIONS: dict[tuple[RunStatus, RunCommand], RunStatus] = {
@@ -40,18 +43,20 @@ TRANSITIONS: dict[tuple[RunStatus, RunCommand], RunStatus] = {
     (S.RUNNING, C.FAIL): S.FAILED,
     (S.RUNNING, C.CANCEL): S.CANCELLED,
     (S.RUNNING, C.TIME_OUT): S.TIMED_OUT,
+    (S.RUNNING, C.TAKE_OVER): S.RUNNING,
     (S.SETTLING, C.COMPLETE): S.COMPLETED,
     (S.SETTLING, C.FAIL): S.FAILED,
     (S.SETTLING, C.CANCEL): S.CANCELLED,
     (S.SETTLING, C.TIME_OUT): S.TIMED_OUT,
+    (S.SETTLING, C.TAKE_OVER): S.SETTLING,
 }
 del S, C
 
 
 class Decision(msgspec.Struct, frozen=True):
-    """Move from `expected` to `target`; the UPDATE must match `expected` or it lost a race."""
+    """Move to `target` from any of `sources`; the UPDATE must match one or it lost a race."""
 
-    expected: RunStatus
+    sources: frozenset[RunStatus]
     target: RunStatus
     bumps_attempt: bool
 
@@ -60,7 +65,27 @@ def decide(current: RunStatus, command: RunCommand) -> Decision:
     target = TRANSITIONS.get((current, command))
     if target is None:
         raise InvalidTransition(f"cannot {command.value} a run that is {current.value}")
-    return Decision(current, target, bumps_attempt=command is RunCommand.START)
+    return Decision(frozenset({current}), target, bumps_attempt=command in CLAIMS)
+
+
+def decide_ending(current: RunStatus, command: RunCommand) -> Decision:
+    """End a Run in one step from `current`, or from the status a `settle` would lead to.
+
+    The worker commits its ending in one transaction straight from `running`: the table's
+    running → settling → end path, taken in one UPDATE that accepts either status.
+    """
+    direct = TRANSITIONS.get((current, command))
+    settling = TRANSITIONS.get((current, RunCommand.SETTLE))
+    via = TRANSITIONS.get((settling, command)) if settling is not None else None
+    target = direct or via
+    if target is None or target in ACTIVE_STATUSES or (direct and via and direct != via):
+        raise InvalidTransition(f"cannot end a run that is {current.value} with {command.value}")
+    sources = {current} if direct else set()
+    if via == target and settling is not None:
+        sources.add(settling)
+        if TRANSITIONS.get((current, RunCommand.SETTLE)) == settling:
+            sources.add(current)
+    return Decision(frozenset(sources), target, bumps_attempt=False)
 
 
 def is_terminal(status: RunStatus | str) -> bool:

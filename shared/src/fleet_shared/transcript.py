@@ -24,6 +24,15 @@ from fleet_shared.events import (
 
 Part = dict[str, Any]
 UNFINISHED_TOOL_TEXT = "the Turn ended before this call returned"
+CANCELLED_TEXT = "Turn cancelled"
+
+
+def tombstone_parts(usage: Usage | None) -> list[Part]:
+    """A cancelled Turn keeps only this: the text `Turn cancelled` and the usage observed."""
+    parts: list[Part] = [{"type": "text", "text": CANCELLED_TEXT, "state": "done"}]
+    if usage is not None:
+        parts.append({"type": "data-usage", "data": {"usage": usage_payload(usage)}})
+    return parts
 
 
 def fold_parts(events: list[RunEvent]) -> list[Part]:

@@ -193,7 +193,7 @@ def test_completed_run_chunk_order_and_finish() -> None:
         },
     }
     assert state.finished is True
-    assert state.last_seq == len(FULL_RUN)
+    assert state.projected_seq == len(FULL_RUN)
     assert state.open_tools == set()
     assert state.step_open is False
     assert_stream_contract(chunks)
@@ -479,13 +479,13 @@ def test_single_event(event: RunEvent, expected: list[Chunk]) -> None:
 def test_state_tracks_phase_seq_and_tools() -> None:
     state = StreamState(R, SESSION)
     project(StatusChanged(run_id=R, phase="preparation", seq=4), state)
-    assert (state.phase, state.last_seq) == ("preparation", 4)
+    assert (state.phase, state.projected_seq) == ("preparation", 4)
     project(CodeCell(run_id=R, call_id="c", code="x", seq=2), state)  # replayed, older seq
-    assert state.last_seq == 4
+    assert state.projected_seq == 4
     assert state.open_tools == {"c"}
     project(CellOutput(run_id=R, call_id="c", stdout="", seq=5), state)
     assert state.open_tools == set()
-    assert state.last_seq == 5
+    assert state.projected_seq == 5
     assert heartbeat_chunk(state) == status_chunk("preparation", "heartbeat")
     assert heartbeat_chunk(state) == {
         "type": "data-status",

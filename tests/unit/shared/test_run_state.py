@@ -15,6 +15,7 @@ from fleet_shared.run_state import (
     RunCommand,
     RunStatus,
     decide,
+    decide_ending,
     is_terminal,
 )
 
@@ -29,11 +30,14 @@ EXPECTED: dict[tuple[RunStatus, RunCommand], RunStatus] = {
     (S.RUNNING, C.FAIL): S.FAILED,
     (S.RUNNING, C.CANCEL): S.CANCELLED,
     (S.RUNNING, C.TIME_OUT): S.TIMED_OUT,
+    (S.RUNNING, C.TAKE_OVER): S.RUNNING,
     (S.SETTLING, C.COMPLETE): S.COMPLETED,
     (S.SETTLING, C.FAIL): S.FAILED,
     (S.SETTLING, C.CANCEL): S.CANCELLED,
     (S.SETTLING, C.TIME_OUT): S.TIMED_OUT,
+    (S.SETTLING, C.TAKE_OVER): S.SETTLING,
 }
+CLAIMING = {C.START, C.TAKE_OVER}
 TERMINAL = {S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMED_OUT}
 ALL_PAIRS = list(itertools.product(RunStatus, RunCommand))
 
@@ -48,7 +52,15 @@ def test_enums_are_the_documented_values() -> None:
         "cancelled",
         "timed_out",
     ]
-    assert [c.value for c in RunCommand] == ["start", "settle", "complete", "fail", "cancel", "time_out"]
+    assert [c.value for c in RunCommand] == [
+        "start",
+        "settle",
+        "complete",
+        "fail",
+        "cancel",
+        "time_out",
+        "take_over",
+    ]
 
 
 def test_module_table_matches_spec() -> None:
@@ -64,8 +76,7 @@ def test_every_status_command_pair(status: RunStatus, command: RunCommand) -> No
         assert str(info.value) == f"cannot {command.value} a run that is {status.value}"
         return
     decision = decide(status, command)
-    assert decision == Decision(status, target, bumps_attempt=command is RunCommand.START)
-    assert decision.expected is status
+    assert decision == Decision(frozenset({status}), target, bumps_attempt=command in CLAIMING)
     assert decision.target is target
 
 
@@ -77,8 +88,34 @@ def test_terminal_statuses_accept_no_command(status: RunStatus, command: RunComm
 
 
 @pytest.mark.parametrize(("status", "command"), sorted(EXPECTED))
-def test_only_start_bumps_attempt(status: RunStatus, command: RunCommand) -> None:
-    assert decide(status, command).bumps_attempt is (command is RunCommand.START)
+def test_only_claims_bump_attempt(status: RunStatus, command: RunCommand) -> None:
+    assert decide(status, command).bumps_attempt is (command in CLAIMING)
+
+
+# Ending a Run in one UPDATE: from where it may stand, to where the table leads, never elsewhere.
+ENDINGS = {
+    (S.RUNNING, C.COMPLETE): ({S.RUNNING, S.SETTLING}, S.COMPLETED),
+    (S.RUNNING, C.FAIL): ({S.RUNNING, S.SETTLING}, S.FAILED),
+    (S.RUNNING, C.CANCEL): ({S.RUNNING, S.SETTLING}, S.CANCELLED),
+    (S.RUNNING, C.TIME_OUT): ({S.RUNNING, S.SETTLING}, S.TIMED_OUT),
+    (S.SETTLING, C.COMPLETE): ({S.SETTLING}, S.COMPLETED),
+    (S.SETTLING, C.FAIL): ({S.SETTLING}, S.FAILED),
+    (S.SETTLING, C.CANCEL): ({S.SETTLING}, S.CANCELLED),
+    (S.SETTLING, C.TIME_OUT): ({S.SETTLING}, S.TIMED_OUT),
+    (S.QUEUED, C.FAIL): ({S.QUEUED}, S.FAILED),
+    (S.QUEUED, C.CANCEL): ({S.QUEUED}, S.CANCELLED),
+}
+
+
+@pytest.mark.parametrize(("status", "command"), ALL_PAIRS, ids=[f"{s}-{c}" for s, c in ALL_PAIRS])
+def test_every_ending(status: RunStatus, command: RunCommand) -> None:
+    expected = ENDINGS.get((status, command))
+    if expected is None:
+        with pytest.raises(InvalidTransition):
+            decide_ending(status, command)
+        return
+    sources, target = expected
+    assert decide_ending(status, command) == Decision(frozenset(sources), target, bumps_attempt=False)
 
 
 def test_every_active_status_can_fail_and_cancel() -> None:
@@ -90,6 +127,10 @@ def test_every_active_status_can_fail_and_cancel() -> None:
 def test_every_target_is_reachable_and_every_terminal_status_is_a_sink() -> None:
     targets = set(EXPECTED.values())
     assert targets == set(RunStatus) - {RunStatus.QUEUED}
+    assert all(
+        target in TERMINAL or command in CLAIMING or command is RunCommand.SETTLE
+        for (_status, command), target in EXPECTED.items()
+    )
     assert {status for status, _ in EXPECTED} == set(ACTIVE_STATUSES)
 
 

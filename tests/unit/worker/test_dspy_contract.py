@@ -393,6 +393,26 @@ KEYWORD_SCRIPT: list[dict[str, Any]] = [
 ]
 
 
+def test_run_program_keeps_nothing_process_wide(tmp_path: Path) -> None:
+    """A Turn leaves no predictor trace or LM history behind: DSPy keeps both process-wide (up to
+    10,000 entries each), and they held every Turn's signature classes and prompts alive."""
+    harness = Harness(tmp_path, *KEYWORD_SCRIPT)
+    root_lm = build_lm(harness.lm, "root", harness.cursor, harness.stop)
+    sub_lm = build_lm(harness.lm, "sub", harness.cursor, harness.stop)
+    trace_before = len(dspy.settings.trace)
+    run_program(
+        request="please say hi",
+        history=[],
+        root_lm=root_lm,
+        sub_lm=sub_lm,
+        limits=ProgramLimits(max_iters=6, max_llm_calls=10, max_output_chars=10_000),
+        observer=harness.observer,
+        new_session=harness.new_session,
+    )
+    assert len(dspy.settings.trace) == trace_before
+    assert root_lm.history == [] and sub_lm.history == []
+
+
 def test_run_program_end_to_end_in_process(tmp_path: Path) -> None:
     harness = Harness(tmp_path, *KEYWORD_SCRIPT)
     result = harness.run(history=[{"request": "earlier", "answer": "before"}])

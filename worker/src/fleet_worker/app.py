@@ -7,19 +7,22 @@ import contextlib
 import hashlib
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import structlog
 from arq import Worker
-from arq.connections import RedisSettings
+from arq.connections import ArqRedis, RedisSettings
 from arq.worker import func
-from redis.asyncio import Redis
 
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.event_log import RunLog
 from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
-from fleet_worker.reaper import reaper_loop
+from fleet_shared.recovery import Sweeper
+from fleet_shared.redis_conn import RETRY_ON, connect, retry_policy
+from fleet_worker.control import CancelListener
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.turn import WorkerDeps, prepare_workspace_root, run_turn
@@ -27,6 +30,10 @@ from fleet_worker.turn import WorkerDeps, prepare_workspace_root, run_turn
 log = structlog.get_logger(__name__)
 HEALTH_CHECK_INTERVAL_SECONDS = 5
 RELOCATED_WORKSPACES = Path("/var/lib/fleet")
+# arq's poll loop retries each Redis command for about this many seconds before giving up on the
+# connection (and the CLI restarts the worker): a Redis restart shorter than that goes unnoticed.
+QUEUE_RETRIES = 20
+SWEEP_INTERVAL_SECONDS = 0.5
 
 
 def sandbox_provider(settings: Settings) -> LocalSandboxProvider:
@@ -60,45 +67,67 @@ def workspaces_root(settings: Settings, sandboxes: LocalSandboxProvider) -> Path
     return fallback
 
 
+def queue_settings(settings: Settings) -> RedisSettings:
+    redis = RedisSettings.from_dsn(settings.redis_url)
+    redis.retry = retry_policy(QUEUE_RETRIES)
+    redis.retry_on_error = list(RETRY_ON)
+    return redis
+
+
 def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
     sandboxes = sandbox_provider(settings)  # fails fast: no bwrap, no worker
     workspaces = workspaces_root(settings, sandboxes)
     queue = settings.profile.worker.queue_name
+    concurrency = settings.profile.worker.concurrency
+    worker_id = f"{socket.gethostname()}:{os.getpid()}"
 
     async def startup(ctx: dict[str, Any]) -> None:
         engine = create_engine(settings.database_url)
+        redis = connect(settings.redis_url)
+        cancels = CancelListener(redis)
+        cancels.start()
         ctx["engine"] = engine
-        ctx["deps"] = WorkerDeps(
+        ctx["deps"] = deps = WorkerDeps(
             settings=settings,
             sessions=session_factory(engine),
-            redis=Redis.from_url(settings.redis_url),
+            redis=redis,
+            runlog=RunLog(redis),
             sandboxes=sandboxes,
             workspaces=workspaces,
             scripts={},
-            worker_id=f"{socket.gethostname()}:{os.getpid()}",
+            programs=ThreadPoolExecutor(concurrency, thread_name_prefix="fleet-rlm"),
+            sandbox_ops=ThreadPoolExecutor(concurrency + 2, thread_name_prefix="fleet-sandbox-ops"),
+            cancels=cancels,
+            worker_id=worker_id,
         )
-        if not burst:  # a burst worker (tests) reaps only when asked
-            ctx["reaper"] = asyncio.create_task(reaper_loop(ctx["deps"], ctx["redis"]), name="fleet-reaper")
-        log.info("worker.started", queue=queue, concurrency=settings.profile.worker.concurrency)
+        if not burst:  # a burst worker (tests) sweeps only when asked
+            sweeper = make_sweeper(deps, ctx["redis"])
+            ctx["sweeper"] = asyncio.create_task(
+                sweeper.run_forever(SWEEP_INTERVAL_SECONDS), name="fleet-sweep"
+            )
+        log.info("worker.started", queue=queue, concurrency=concurrency)
 
     async def shutdown(ctx: dict[str, Any]) -> None:
-        reaper: asyncio.Task[None] | None = ctx.get("reaper")
-        if reaper is not None:
-            reaper.cancel()
+        sweeper: asyncio.Task[None] | None = ctx.get("sweeper")
+        if sweeper is not None:
+            sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+                await sweeper
         deps: WorkerDeps | None = ctx.get("deps")
         if deps is not None:
+            await deps.cancels.stop()
             await deps.redis.aclose()
+            deps.programs.shutdown(wait=False, cancel_futures=True)
+            deps.sandbox_ops.shutdown(wait=False)
         if "engine" in ctx:
             await ctx["engine"].dispose()
 
-    timeout = settings.profile.runtime.turn_timeout_seconds + 60  # our own deadline fires first
+    timeout = settings.profile.runtime.turn_timeout_seconds + 120  # our own deadline fires first
     return Worker(
         functions=[func(run_turn, name=RUN_TURN, timeout=timeout, max_tries=3)],
-        redis_settings=RedisSettings.from_dsn(settings.redis_url),
+        redis_settings=queue_settings(settings),
         queue_name=queue,
-        max_jobs=settings.profile.worker.concurrency,
+        max_jobs=concurrency,
         job_serializer=serialize_job,
         job_deserializer=deserialize_job,
         on_startup=startup,
@@ -106,9 +135,25 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         health_check_interval=HEALTH_CHECK_INTERVAL_SECONDS,
         health_check_key=health_check_key(queue),
         keep_result=60,
+        # A gateway that cancels a queued Run aborts its job (arq's abort set): it never starts.
+        allow_abort_jobs=True,
         # SIGTERM: stop taking jobs, let running Turns finish for drain_seconds, then cancel them
         # (run_turn settles a cancelled Turn as failed with `worker_shutdown`).
         job_completion_wait=int(settings.profile.worker.drain_seconds),
         burst=burst,
         handle_signals=not burst,
+    )
+
+
+def make_sweeper(deps: WorkerDeps, arq: ArqRedis) -> Sweeper:
+    async def enqueue(run_id: str) -> object:
+        return await arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)
+
+    return Sweeper(
+        sessions=deps.sessions,
+        redis=deps.redis,
+        runlog=deps.runlog,
+        lease_seconds=deps.settings.profile.worker.lease_seconds,
+        owner=f"worker:{deps.worker_id}",
+        enqueue=enqueue,
     )

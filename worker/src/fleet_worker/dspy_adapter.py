@@ -121,6 +121,19 @@ class TurnObserver:
     pending_cell: bool = False
     lm_calls: int = 0
     action_calls: set[str] = field(default_factory=set)
+    usage_tracker: Any = None  # dspy's UsageTracker for this Turn, once the program runs
+
+    def usage_snapshot(self) -> dict[str, dict[str, int]]:
+        """Tokens observed so far; safe to call from the event loop while the program runs."""
+        tracker = self.usage_tracker
+        if tracker is None:
+            return {}
+        for _ in range(3):  # the program's thread may add an entry while we sum them
+            try:
+                return normalize_usage(tracker.get_total_tokens())
+            except RuntimeError:
+                continue
+        return {}
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -314,7 +327,14 @@ def run_program(
         return SandboxInterpreter(new_session(), observer)
 
     callbacks = [DspyCallbacks(observer, program)]
-    with dspy.context(lm=root_lm, callbacks=callbacks, track_usage=True):
+    # trace=[] and disable_history=True: DSPy would otherwise append every predictor call to the
+    # process-wide dspy.settings.trace and every LM call to the global LM history (10,000 entries
+    # each), keeping each Turn's signature classes, prompts and predictions alive.
+    with (
+        dspy.context(lm=root_lm, callbacks=callbacks, track_usage=True, trace=[], disable_history=True),
+        dspy.track_usage() as tracker,
+    ):
+        observer.usage_tracker = tracker
         prediction = program(
             request=request,
             history=dspy.History(messages=history),
@@ -324,7 +344,7 @@ def run_program(
     return ProgramResult(
         answer=str(prediction.answer),
         iterations=observer.iteration,
-        lm_usage=normalize_usage(prediction.get_lm_usage() or {}),
+        lm_usage=observer.usage_snapshot(),
     )
 
 

@@ -37,3 +37,15 @@ class TurnStopped(BaseException):
     A BaseException on purpose: DSPy logs and swallows `Exception`s raised by callbacks, and a
     stop must actually stop the next LM call.
     """
+
+
+class TurnCancelled(TurnFailed):
+    """A client cancelled the Turn (PUT /api/runs/{id}/cancellation)."""
+
+    code = "cancelled"
+
+
+class LeaseLost(TurnFailed):
+    """Another process holds the Run's lease: this worker was swept and must stop."""
+
+    code = "lease_lost"

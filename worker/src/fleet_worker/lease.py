@@ -1,59 +1,101 @@
-"""A Run's lease: a Redis key with a short TTL that the owning worker keeps renewing.
+"""A Run's lease: a Redis key holding the owner's token, with a short TTL the owner keeps renewing.
 
-If the worker dies (even by SIGKILL) the key lapses within `worker.lease_seconds`, and the reaper
-of any live worker settles the Run as `worker_lost`. If a live worker finds its lease gone (a
-long stall, a Redis outage), it must assume it was reaped and stop: `Lease.lost` tells it.
+- If the worker dies (even by SIGKILL) the key lapses within `worker.lease_seconds`, and a
+  sweeper (in any worker or gateway) takes the lease, then the Run, and settles it `worker_lost`.
+- If the key vanished because Redis lost its data (a restart), the owner takes it back, but
+  only while the DB still says the Run is its own (same attempt, still running).
+- If someone else holds it, this worker was swept: `lost` is set and the Turn must stop.
+- Each renewal also reads the Run's cancel flag, so a cancel is seen within a third of a TTL
+  even if its pub/sub notice was missed: `cancel_requested` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from types import TracebackType
 
 import structlog
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 
-from fleet_shared import redis_keys
+from fleet_shared.event_log import LeaseCheck, RunLog
 
 log = structlog.get_logger(__name__)
+RENEWALS_PER_TTL = 3  # a renewal or two may fail (a blip) before the lease lapses
 
 
-@dataclass
-class Lease:
-    key: str
-    lost: asyncio.Event = field(default_factory=asyncio.Event)
+class RunLease:
+    def __init__(
+        self,
+        runlog: RunLog,
+        run_id: str,
+        token: str,
+        seconds: float,
+        still_ours: Callable[[], Awaitable[bool]],
+    ) -> None:
+        self.runlog = runlog
+        self.run_id = run_id
+        self.token = token
+        self.ttl_ms = int(seconds * 1000)
+        self.still_ours = still_ours
+        self.lost = asyncio.Event()
+        self.cancel_requested = asyncio.Event()
+        self.checking = asyncio.Lock()  # the renewer and the event sink may both ask at once
+        self.renewer: asyncio.Task[None] | None = None
 
+    async def __aenter__(self) -> RunLease:
+        # The DB claim (attempt + 1) already made this worker the owner: any earlier holder is stale.
+        await self.runlog.take_lease(self.run_id, self.token, self.ttl_ms, replace=True)
+        self.renewer = asyncio.create_task(self.renew_forever(), name=f"fleet-lease-{self.run_id}")
+        return self
 
-@contextlib.asynccontextmanager
-async def hold_lease(redis: Redis, run_id: str, owner: str, seconds: float) -> AsyncIterator[Lease]:
-    lease = Lease(redis_keys.run_lease(run_id))
-    ttl_ms = int(seconds * 1000)
-    await redis.set(lease.key, owner, px=ttl_ms)
-    renewer = asyncio.create_task(renew_until_lost(redis, lease, owner, ttl_ms), name=f"fleet-lease-{run_id}")
-    try:
-        yield lease
-    finally:
-        renewer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewer
+    async def __aexit__(
+        self, _type: type[BaseException] | None, _exc: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        if self.renewer is not None:
+            self.renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.renewer
         with contextlib.suppress(RedisError, OSError):
-            await redis.delete(lease.key)
+            await self.runlog.release_lease(self.run_id, self.token)
 
+    def request_cancel(self) -> None:
+        self.cancel_requested.set()
 
-async def renew_until_lost(redis: Redis, lease: Lease, owner: str, ttl_ms: int) -> None:
-    while True:
-        await asyncio.sleep(ttl_ms / 3000)  # three renewals per TTL: one lost write is harmless
-        try:
-            # XX: only extend a lease that still exists; recreating a lapsed one would hide that
-            # a reaper may already have settled this Run.
-            renewed = await redis.set(lease.key, owner, px=ttl_ms, xx=True)
-        except (RedisError, OSError) as exc:
-            log.warning("lease.renew_failed", error=str(exc))
-            continue
-        if not renewed:
-            log.warning("lease.lost")
-            lease.lost.set()
-            return
+    async def renew_forever(self) -> None:
+        while not self.lost.is_set():
+            await asyncio.sleep(self.ttl_ms / 1000 / RENEWALS_PER_TTL)
+            try:
+                await self.verify()
+            except (RedisError, OSError, SQLAlchemyError) as exc:
+                # Redis or the DB is away: try again next time (a sweeper cannot act without both).
+                log.warning("lease.renew_failed", error_type=type(exc).__name__)
+
+    async def verify(self) -> bool:
+        """Renew the lease, or take it back if Redis lost it; False once it belongs to another.
+
+        Raises RedisError or a DB error when it cannot tell; the caller asks again later."""
+        async with self.checking:
+            return await self.check()
+
+    async def check(self) -> bool:
+        check = await self.runlog.renew_lease(self.run_id, self.token, self.ttl_ms)
+        if check is LeaseCheck.CANCEL_REQUESTED:
+            self.cancel_requested.set()
+        if check in (LeaseCheck.HELD, LeaseCheck.CANCEL_REQUESTED):
+            return True
+        if check is LeaseCheck.MISSING and await self.take_back():
+            return True
+        if not self.lost.is_set():
+            log.warning("lease.lost", holder_changed=check is LeaseCheck.TAKEN)
+            self.lost.set()
+        return False
+
+    async def take_back(self) -> bool:
+        """Raises if the DB cannot say whose the Run is; so could no sweeper, which needs it too."""
+        if await self.still_ours() and await self.runlog.take_lease(self.run_id, self.token, self.ttl_ms):
+            log.warning("lease.taken_back")
+            return True
+        return False

@@ -1,4 +1,10 @@
-"""Publishing a Run's events: thread-safe intake, one ordered pump to Redis, a copy for the commit."""
+"""Publishing a Run's events: stamped in order, kept for the commit, logged to Redis under the lease.
+
+Stamping is synchronous (so everything emitted before the settle is in the commit); publishing is
+one task that appends in seq order and rides out Redis faults: it retries with backoff, refills a
+log that Redis lost, and, when its append is refused, asks the lease whether the Run is still
+its own. The terminal event is held back until the commit has landed.
+"""
 
 from __future__ import annotations
 
@@ -6,72 +12,107 @@ import asyncio
 import contextlib
 
 import structlog
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 
-from fleet_shared import event_log
+from fleet_shared.event_log import Appended, RunLog
 from fleet_shared.events import RunEvent, Sequencer
+from fleet_worker.lease import RunLease
 
 log = structlog.get_logger(__name__)
+MIN_RETRY_SECONDS = 0.05
+MAX_RETRY_SECONDS = 1.0
 
 
 class EventSink:
-    """Stamps each event with the next seq, logs it to Redis, and keeps it for the DB commit.
-
-    If Redis fails mid-Run the events are still committed with the Turn, so nothing is lost;
-    live viewers fall back to the committed copy.
-    """
-
-    def __init__(self, redis: Redis, run_id: str) -> None:
-        self.redis = redis
+    def __init__(self, runlog: RunLog, run_id: str, lease: RunLease) -> None:
+        self.runlog = runlog
+        self.lease = lease
         self.sequencer = Sequencer(run_id)
         self.events: list[RunEvent] = []
-        self.queue: asyncio.Queue[RunEvent | None] = asyncio.Queue()
+        self.published = 0  # events[:published] are in the log
+        self.held_back: int | None = None  # the terminal's index, until its commit lands
+        self.accepting_thread_events = True
+        self.fenced = False
+        self.wakeup = asyncio.Event()
+        self.idle = asyncio.Event()  # set when the terminal is published, or publishing stopped
         self.loop = asyncio.get_running_loop()
-        self.redis_ok = True
-        self.pump_task = asyncio.create_task(self.pump(), name=f"fleet-events-{run_id}")
+        self.task = asyncio.create_task(self.publish_forever(), name=f"fleet-events-{run_id}")
 
     def emit_threadsafe(self, event: RunEvent) -> None:
         """Called from the RLM's thread."""
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        self.loop.call_soon_threadsafe(self.accept_from_thread, event)
+
+    def accept_from_thread(self, event: RunEvent) -> None:
+        if self.accepting_thread_events:  # a program we stopped waiting for may still talk
+            self.emit(event)
 
     def emit(self, event: RunEvent) -> None:
-        self.queue.put_nowait(event)
-
-    async def pump(self) -> None:
-        while (event := await self.queue.get()) is not None:
-            await self.publish(self.sequencer.stamp(event))
-
-    async def publish(self, stamped: RunEvent) -> None:
-        self.events.append(stamped)
-        if not self.redis_ok:
+        if self.sequencer.closed:
             return
-        try:
-            await event_log.append(self.redis, stamped)
-        except (RedisError, OSError) as exc:
-            self.redis_ok = False
-            log.warning("events.redis_unavailable", error=str(exc))
-
-    async def drain(self) -> None:
-        """Wait until everything emitted so far is stamped and published."""
-        if not self.pump_task.done():
-            self.queue.put_nowait(None)
-            await self.pump_task
+        self.events.append(self.sequencer.stamp(event))
+        self.wakeup.set()
 
     def stamp_terminal(self, event: RunEvent) -> RunEvent:
-        """Stamp the terminal event (after `drain`) so it can be committed before it is published."""
+        """Stamp the terminal event so it can be committed; it is published by `finish`."""
+        self.accepting_thread_events = False
         stamped = self.sequencer.stamp(event)
+        self.held_back = len(self.events)
         self.events.append(stamped)
         return stamped
 
-    async def publish_terminal(self, stamped: RunEvent) -> None:
+    async def finish(self, *, within: float) -> bool:
+        """Publish everything, the terminal included (after its commit); False if it could not."""
+        self.held_back = None
+        self.wakeup.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await self.idle.wait()
+        done = self.published == len(self.events)
+        if not done:
+            log.warning("events.terminal_not_published", fenced=self.fenced)
+        return done
+
+    def publishable(self) -> int:
+        return len(self.events) if self.held_back is None else self.held_back
+
+    async def publish_forever(self) -> None:
         try:
-            await event_log.append(self.redis, stamped)
-        except (RedisError, OSError) as exc:
-            log.warning("events.terminal_not_published", error=str(exc))
+            await self.publish_until_fenced()
+        finally:
+            self.idle.set()
+
+    async def publish_until_fenced(self) -> None:
+        delay = MIN_RETRY_SECONDS
+        while not self.fenced:
+            await self.wakeup.wait()
+            self.wakeup.clear()
+            while self.published < self.publishable() and not self.fenced:
+                try:
+                    await self.publish_next()
+                    delay = MIN_RETRY_SECONDS
+                except (RedisError, OSError, SQLAlchemyError) as exc:
+                    if delay == MIN_RETRY_SECONDS:
+                        log.warning("events.redis_unavailable", error_type=type(exc).__name__)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, MAX_RETRY_SECONDS)
+            if self.held_back is None and self.published == len(self.events) and self.sequencer.closed:
+                return
+
+    async def publish_next(self) -> None:
+        result = await self.runlog.append(self.events[self.published], self.lease.token)
+        if result.status is Appended.GAP:
+            self.published = min(result.last_seq, self.published)  # refill from the log's end
+        elif result.status is Appended.FENCED:
+            # Redis may only have lost the lease (a restart): the lease takes it back if it can.
+            if not await self.lease.verify():
+                self.fenced = True
+                log.warning("events.fenced_out", seq=self.events[self.published].seq)
+        else:
+            self.published += 1
 
     async def close(self) -> None:
-        if not self.pump_task.done():
-            self.pump_task.cancel()
+        if not self.task.done():
+            self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self.pump_task
+                await self.task

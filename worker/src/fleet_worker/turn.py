@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
-import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
+from concurrent.futures import Executor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,29 +19,24 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from fleet_shared.config import Settings
 from fleet_shared.db import queries
 from fleet_shared.db.models import Session
-from fleet_shared.events import (
-    Answer,
-    LMUsage,
-    RunCompleted,
-    RunEvent,
-    RunFailed,
-    StatusChanged,
-    Usage,
-)
-from fleet_shared.run_state import RunCommand, RunStatus
-from fleet_shared.transcript import fold_parts, usage_payload
-from fleet_worker import dspy_adapter
-from fleet_worker.errors import SandboxFailed, TurnFailed, TurnStopped, TurnTimedOut
-from fleet_worker.lease import Lease, hold_lease
-from fleet_worker.lm.script import Script, load_script
+from fleet_shared.event_log import RunLog, lease_token
+from fleet_shared.events import Answer, StatusChanged
+from fleet_shared.run_state import ACTIVE_STATUSES, RunCommand, RunStatus
+from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
+from fleet_worker.control import CancelListener
+from fleet_worker.errors import SandboxFailed, TurnCancelled
+from fleet_worker.lease import RunLease
+from fleet_worker.lm.script import Script
+from fleet_worker.outcome import SHUTDOWN_OUTCOME, Outcome, failure_outcome, terminal_event, usage_event
+from fleet_worker.program import ProgramRun, start_program, wait_for_program, with_observations
 from fleet_worker.publisher import EventSink
-from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
+from fleet_worker.sandbox.errors import SandboxUnavailable
 from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
 from fleet_worker.settlement import commit_with_retry
 
 log = structlog.get_logger(__name__)
-STOP_GRACE_SECONDS = 10.0
-LEASE_LOST_MESSAGE = "this worker lost the Turn's lease; another worker may have settled it"
+SETTLE_GRACE_SECONDS = 60.0  # the commit may retry this long past the Turn's deadline
+PUBLISH_TERMINAL_SECONDS = 30.0
 
 
 @dataclass
@@ -52,9 +46,13 @@ class WorkerDeps:
     settings: Settings
     sessions: async_sessionmaker[AsyncSession]
     redis: Redis
+    runlog: RunLog
     sandboxes: LocalSandboxProvider
     workspaces: Path
     scripts: dict[Path, Script]
+    programs: Executor  # RLM programs, one thread per concurrent Turn
+    sandbox_ops: Executor  # acquire, interrupt, release: never queued behind a program
+    cancels: CancelListener
     worker_id: str = "worker"
 
 
@@ -68,32 +66,14 @@ class Claim:
     started: float
 
 
-@dataclass(frozen=True)
-class Prepared:
-    request: str
-    history: list[dict[str, str]]
-    lease: LocalSandboxLease
+@dataclass
+class Turn:
+    """What one running Turn holds; the program is set once it has started."""
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """How execution ended. `command` moves the Run out of settling: COMPLETE, FAIL or TIME_OUT."""
-
-    command: RunCommand
-    turn_status: str
-    answer: str | None = None
-    iterations: int = 0
-    lm_usage: dict[str, dict[str, int]] | None = None
-    failure_code: str | None = None
-    failure_message: str | None = None
-
-
-SHUTDOWN_OUTCOME = Outcome(
-    RunCommand.FAIL,
-    "failed",
-    failure_code="worker_shutdown",
-    failure_message="the worker shut down before the Turn finished; send it again",
-)
+    claim: Claim
+    lease: RunLease
+    sink: EventSink
+    program: ProgramRun | None = None
 
 
 async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
@@ -107,19 +87,13 @@ async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
         log.info("turn.claimed", attempt=claim.attempt)
         cancelled = False
         async with AsyncExitStack() as cleanup:
-            lease = await cleanup.enter_async_context(
-                hold_lease(deps.redis, run_id, deps.worker_id, deps.settings.profile.worker.lease_seconds)
-            )
-            sink = EventSink(deps.redis, run_id)
-            cleanup.push_async_callback(sink.close)
+            turn = await hold(deps, claim, cleanup)
             try:
-                outcome = await prepare_and_execute(deps, claim, sink, cleanup, lease)
+                outcome = await prepare_and_execute(deps, turn, cleanup)
             except asyncio.CancelledError:
                 # The worker is stopping and its drain time ran out: end the Turn properly.
-                outcome, cancelled = SHUTDOWN_OUTCOME, True
-            status, cancelled_again = await finish_even_if_cancelled(
-                settle_and_commit(deps, claim, sink, outcome)
-            )
+                outcome, cancelled = with_observations(SHUTDOWN_OUTCOME, turn.program), True
+            status, cancelled_again = await finish_even_if_cancelled(settle_and_commit(deps, turn, outcome))
         log.info("turn.settled", status=status, failure_code=outcome.failure_code)
         if cancelled or cancelled_again:
             raise asyncio.CancelledError  # let arq see the cancellation, now that the Turn is settled
@@ -140,6 +114,7 @@ async def finish_even_if_cancelled(settling: Coroutine[Any, Any, str]) -> tuple[
 
 
 async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:
+    """queued → running, attempt + 1: from here on this worker owns the Run."""
     async with deps.sessions() as db:
         run = await queries.start_run(db, run_id)
         if run is None:
@@ -156,26 +131,48 @@ async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:
         )
 
 
-async def prepare_and_execute(
-    deps: WorkerDeps, claim: Claim, sink: EventSink, cleanup: AsyncExitStack, lease: Lease
-) -> Outcome:
+async def hold(deps: WorkerDeps, claim: Claim, cleanup: AsyncExitStack) -> Turn:
+    """The lease (released last), the cancel watch and the event sink, for the Turn's lifetime."""
+
+    async def still_ours() -> bool:
+        async with deps.sessions() as db:
+            run = await queries.get_run(db, claim.run_id)
+        return run is not None and run.attempt == claim.attempt and RunStatus(run.status) in ACTIVE_STATUSES
+
+    token = lease_token(claim.attempt, deps.worker_id)
+    seconds = deps.settings.profile.worker.lease_seconds
+    lease = await cleanup.enter_async_context(RunLease(deps.runlog, claim.run_id, token, seconds, still_ours))
+    cleanup.enter_context(deps.cancels.watch(claim.run_id, lease.request_cancel))
+    await deps.cancels.check_flags([claim.run_id])  # a cancel that came before the watch
+    sink = EventSink(deps.runlog, claim.run_id, lease)
+    cleanup.push_async_callback(sink.close)
+    return Turn(claim, lease, sink)
+
+
+async def prepare_and_execute(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Outcome:
     try:
-        prepared = await prepare(deps, claim, sink, cleanup)
-        return await execute(deps, claim, prepared, sink, lease)
-    except (Exception, TurnStopped) as exc:
-        return failure_outcome(exc)
+        request, history, sandbox = await prepare(deps, turn, cleanup)
+        return await execute(deps, turn, request, history, sandbox)
+    except Exception as exc:
+        return with_observations(failure_outcome(exc), turn.program)
 
 
-async def prepare(deps: WorkerDeps, claim: Claim, sink: EventSink, cleanup: AsyncExitStack) -> Prepared:
-    sink.emit(StatusChanged(run_id=claim.run_id, phase="preparation"))
+async def prepare(
+    deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack
+) -> tuple[str, list[dict[str, str]], LocalSandboxLease]:
+    claim = turn.claim
+    turn.sink.emit(StatusChanged(run_id=claim.run_id, phase="preparation"))
     request, history = await load_conversation(deps, claim)
     workspace = deps.workspaces / claim.workspace_id
+    loop = asyncio.get_running_loop()
     try:
-        lease = await asyncio.to_thread(deps.sandboxes.acquire, workspace, claim.run_id)
+        sandbox = await loop.run_in_executor(
+            deps.sandbox_ops, deps.sandboxes.acquire, workspace, claim.run_id
+        )
     except SandboxUnavailable as exc:
         raise SandboxFailed(str(exc), code="sandbox_unavailable") from None
-    cleanup.push_async_callback(release_shielded, lease)
-    return Prepared(request, history, lease)
+    cleanup.push_async_callback(release_shielded, deps, sandbox)
+    return request, history, sandbox
 
 
 def prepare_workspace_root(root: Path) -> Path:
@@ -192,12 +189,14 @@ async def load_conversation(deps: WorkerDeps, claim: Claim) -> tuple[str, list[d
     """This Turn's request, and the earlier request/answer pairs as dspy.History messages."""
     async with deps.sessions() as db:
         turns = await queries.list_turns(db, claim.session_id, after_sequence=0, limit=claim.user_sequence)
-    texts = {t.sequence: (t.role, text_of(t.parts)) for t in turns}
-    request = texts[claim.user_sequence][1]
+    texts = {t.sequence: (t.role, t.status, text_of(t.parts)) for t in turns}
+    request = texts[claim.user_sequence][2]
     history = [
-        {"request": text, "answer": texts[seq + 1][1]}
-        for seq, (role, text) in sorted(texts.items())
-        if role == "user" and seq < claim.user_sequence and texts.get(seq + 1, ("", ""))[0] == "assistant"
+        {"request": text, "answer": texts[seq + 1][2]}
+        for seq, (role, _status, text) in sorted(texts.items())
+        if role == "user"
+        and seq < claim.user_sequence
+        and texts.get(seq + 1, ("", "", ""))[:2] == ("assistant", "completed")
     ]
     return request, history
 
@@ -207,29 +206,24 @@ def text_of(parts: list[dict[str, Any]]) -> str:
 
 
 async def execute(
-    deps: WorkerDeps, claim: Claim, prepared: Prepared, sink: EventSink, lease: Lease
+    deps: WorkerDeps, turn: Turn, request: str, history: list[dict[str, str]], sandbox: LocalSandboxLease
 ) -> Outcome:
-    """Run the RLM in a thread until it answers, times out, loses its lease, or the worker stops."""
-    sink.emit(StatusChanged(run_id=claim.run_id, phase="execution"))
-    stop = threading.Event()
-    program = asyncio.ensure_future(asyncio.to_thread(rlm_call(deps, claim, prepared, sink, stop)))
-    lost = asyncio.ensure_future(lease.lost.wait())
-    timeout = deps.settings.profile.runtime.turn_timeout_seconds
-    try:
-        await asyncio.wait({program, lost}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        await asyncio.shield(stop_program(program, stop, prepared.lease))
-        raise
-    finally:
-        lost.cancel()
-    if not program.done():
-        await stop_program(program, stop, prepared.lease)
-        if lease.lost.is_set():
-            raise TurnFailed(
-                "this worker lost the Turn's lease; another worker may have settled it", code="lease_lost"
-            )
-        raise TurnTimedOut(f"the Turn exceeded runtime.turn_timeout_seconds ({timeout:g} s)")
-    result = program.result()
+    """Run the RLM on its thread until it answers, times out, loses its lease, or is cancelled."""
+    if turn.lease.cancel_requested.is_set():
+        raise TurnCancelled("the Turn was cancelled before it started")
+    turn.sink.emit(StatusChanged(run_id=turn.claim.run_id, phase="execution"))
+    settings = deps.settings
+    turn.program = start_program(
+        deps.programs,
+        settings=settings,
+        scripts=deps.scripts,
+        request=request,
+        history=history,
+        sandbox=sandbox,
+        sink=turn.sink,
+    )
+    timeout = settings.profile.runtime.turn_timeout_seconds
+    result = await wait_for_program(turn.program, turn.lease, timeout, turn.sink, deps.sandbox_ops)
     return Outcome(
         RunCommand.COMPLETE,
         "completed",
@@ -239,138 +233,50 @@ async def execute(
     )
 
 
-def rlm_call(
-    deps: WorkerDeps, claim: Claim, prepared: Prepared, sink: EventSink, stop: threading.Event
-) -> Callable[[], dspy_adapter.ProgramResult]:
-    """The whole RLM run as one blocking call, with fresh LMs (and script cursor) for this Turn."""
-    settings = deps.settings
-    cursor = None
-    if settings.root_lm.scripted or settings.sub_lm.scripted:
-        cursor = script_for(deps, settings).cursor()
-    rlm = settings.profile.rlm
-    observer = dspy_adapter.TurnObserver(
-        emit=sink.emit_threadsafe, run_id=claim.run_id, stop=stop, max_output_chars=rlm.max_output_chars
-    )
-    return functools.partial(
-        dspy_adapter.run_program,
-        request=prepared.request,
-        history=prepared.history,
-        root_lm=dspy_adapter.build_lm(settings.root_lm, "root", cursor, stop),
-        sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", cursor, stop),
-        limits=dspy_adapter.ProgramLimits(rlm.max_iters, rlm.max_llm_calls, rlm.max_output_chars),
-        observer=observer,
-        new_session=prepared.lease.new_session,
-    )
-
-
-async def stop_program(program: asyncio.Future[Any], stop: threading.Event, lease: LocalSandboxLease) -> None:
-    """Ask the RLM thread to stop at its next boundary and kill the running cell, then wait a bit."""
-    # However it ends, even after we stop waiting, its exception is expected: mark it retrieved.
-    program.add_done_callback(lambda done: done.cancelled() or done.exception())
-    stop.set()
-    await asyncio.to_thread(lease.interrupt)
-    await asyncio.wait({program}, timeout=STOP_GRACE_SECONDS)
-
-
-def script_for(deps: WorkerDeps, settings: Settings) -> Script:
-    lm = settings.root_lm if settings.root_lm.scripted else settings.sub_lm
-    assert lm.script_path is not None
-    script = deps.scripts.get(lm.script_path)
-    if script is None:
-        script = load_script(lm.script_path, lm.name.removeprefix("scripted/"))
-        deps.scripts[lm.script_path] = script
-    return script
-
-
-def failure_outcome(exc: BaseException) -> Outcome:
-    """Map an exception (possibly wrapped by DSPy) to a failed or timed-out Outcome."""
-    cause = find_cause(exc)
-    if isinstance(cause, TurnTimedOut):
-        return Outcome(
-            RunCommand.TIME_OUT, "timed_out", failure_code=cause.code, failure_message=cause.message
-        )
-    if isinstance(cause, TurnFailed):
-        return Outcome(RunCommand.FAIL, "failed", failure_code=cause.code, failure_message=cause.message)
-    if isinstance(cause, SandboxError):
-        return Outcome(RunCommand.FAIL, "failed", failure_code="sandbox_error", failure_message=str(cause))
-    if dspy_adapter.is_lm_error(exc):
-        return Outcome(RunCommand.FAIL, "failed", failure_code="lm_error", failure_message=str(exc))
-    log.error("turn.unexpected_error", error_type=type(exc).__name__, exc_info=exc)
-    return Outcome(
-        RunCommand.FAIL,
-        "failed",
-        failure_code="internal_error",
-        failure_message=f"{type(exc).__name__}: {exc}",
-    )
-
-
-def find_cause(exc: BaseException) -> BaseException:
-    """The first of our own errors in the chain (DSPy may wrap what our engine raised)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, TurnFailed | TurnStopped | SandboxError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return exc
-
-
-async def settle_and_commit(deps: WorkerDeps, claim: Claim, sink: EventSink, outcome: Outcome) -> str:
+async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> str:
     """Emit the last body events, commit Turn + events + status in one fenced transaction, and
     only then publish the terminal event: a client never sees an ending that was not committed."""
+    claim, sink = turn.claim, turn.sink
     sink.emit(StatusChanged(run_id=claim.run_id, phase="settling"))
     duration_ms = int((time.monotonic() - claim.started) * 1000)
     if outcome.answer is not None:
         sink.emit(Answer(run_id=claim.run_id, part_id="text-answer", text=outcome.answer))
     usage = usage_event(claim.run_id, outcome, duration_ms)
     sink.emit(usage)
-    await sink.drain()
     terminal = sink.stamp_terminal(terminal_event(claim.run_id, outcome, duration_ms))
+    cancelled = outcome.command is RunCommand.CANCEL
     settlement = queries.Settlement(
         run_id=claim.run_id,
         session_id=claim.session_id,
         attempt=claim.attempt,
-        current=RunStatus.SETTLING,
+        current=RunStatus.RUNNING,
         command=outcome.command,
         sequence=claim.user_sequence + 1,
-        parts=fold_parts(sink.events),
+        parts=tombstone_parts(usage) if cancelled else fold_parts(sink.events),
         turn_status=outcome.turn_status,
         events=sink.events,
         usage=usage_payload(usage),
         failure_code=outcome.failure_code,
         failure_message=outcome.failure_message,
     )
-    if not await commit_with_retry(deps.sessions, settlement):
+    if not await commit_with_retry(deps.sessions, settlement, deadline=settle_deadline(deps, turn)):
         log.warning("turn.fenced_out")
         return "fenced"
-    await sink.publish_terminal(terminal)
+    await sink.finish(within=PUBLISH_TERMINAL_SECONDS)
+    assert terminal.seq == sink.events[-1].seq
     return outcome.turn_status
 
 
-def usage_event(run_id: str, outcome: Outcome, duration_ms: int) -> Usage:
-    observed = {
-        model: LMUsage(prompt_tokens=u["prompt_tokens"], completion_tokens=u["completion_tokens"])
-        for model, u in (outcome.lm_usage or {}).items()
-    }
-    return Usage(
-        run_id=run_id,
-        iterations=outcome.iterations,
-        duration_ms=duration_ms,
-        observed_lm_usage=observed,
-    )
+def settle_deadline(deps: WorkerDeps, turn: Turn) -> float:
+    """The Turn's deadline (from its program's start), and at least a grace period from now."""
+    start = turn.claim.started
+    if turn.program is not None and turn.program.started.is_set():
+        start = turn.program.started_at  # the loop's clock is time.monotonic()
+    deadline = start + deps.settings.profile.runtime.turn_timeout_seconds
+    return max(deadline, time.monotonic() + SETTLE_GRACE_SECONDS)
 
 
-def terminal_event(run_id: str, outcome: Outcome, duration_ms: int) -> RunEvent:
-    if outcome.command is RunCommand.COMPLETE:
-        return RunCompleted(run_id=run_id, duration_ms=duration_ms)
-    return RunFailed(
-        run_id=run_id,
-        code=outcome.failure_code or "internal_error",
-        message=outcome.failure_message or "the Turn failed",
-    )
-
-
-async def release_shielded(lease: LocalSandboxLease) -> None:
+async def release_shielded(deps: WorkerDeps, sandbox: LocalSandboxLease) -> None:
     """Release the sandbox even if the job is being cancelled."""
-    await asyncio.shield(asyncio.to_thread(lease.release))
+    loop = asyncio.get_running_loop()
+    await asyncio.shield(loop.run_in_executor(deps.sandbox_ops, sandbox.release))

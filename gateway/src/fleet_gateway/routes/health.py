@@ -57,7 +57,7 @@ async def check_database(gw: GatewayState) -> str:
 
 async def check_redis(gw: GatewayState) -> str:
     try:
-        await gw.arq.ping()
+        await gw.probe.ping()
     except (RedisError, OSError) as exc:
         return f"unreachable: {type(exc).__name__}"
     return "ok"
@@ -66,7 +66,7 @@ async def check_redis(gw: GatewayState) -> str:
 async def check_worker(gw: GatewayState) -> str:
     key = health_check_key(gw.settings.profile.worker.queue_name)
     try:
-        alive: Any = await gw.arq.exists(key)
+        alive: Any = await gw.probe.exists(key)
     except (RedisError, OSError):
         return "unknown: redis unreachable"
     return "ok" if alive else "no worker heartbeat: start `fleet worker`"

@@ -20,7 +20,6 @@ from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
 from fleet_shared.db import queries
 from fleet_shared.db.models import Run
-from fleet_shared.queue import RUN_TURN
 from fleet_shared.run_state import is_terminal
 
 log = structlog.get_logger(__name__)
@@ -84,7 +83,7 @@ class TurnController(Controller):
         if outcome.created:
             log.info("turn.claimed")
             await enqueue(db, gw, run)
-        settled = is_terminal(run.status)  # a replayed settled Run, or one that failed to enqueue
+        settled = is_terminal(run.status)  # a replayed settled Run
         body = stream_run(
             gw.stream_deps,
             RunView.of(run),
@@ -124,11 +123,18 @@ def refusal(outcome: queries.ClaimRefused) -> ApiError:
 
 
 async def enqueue(db: AsyncSession, gw: GatewayState, run: Run) -> None:
-    """Enqueue with job id = run id; if Redis refuses, the Run fails now instead of idling queued."""
+    """Queue the job (job id = run id). If Redis refuses, withdraw the claim and answer 503: nothing
+    stays committed, and the same Idempotency-Key works once Redis is back."""
     try:
-        await gw.arq.enqueue_job(RUN_TURN, run.id, _job_id=run.id)
+        await gw.enqueue(run.id)
+        return
     except (RedisError, OSError) as exc:
-        log.error("turn.enqueue_failed", error=str(exc))
-        message = "the Turn could not be queued (Redis unavailable); send it again"
-        if await queries.fail_queued_run(db, run.id, "enqueue_failed", message) is not None:
-            run.status = "failed"
+        log.warning("turn.enqueue_failed", error_type=type(exc).__name__)
+    try:
+        if not await queries.withdraw_claim(db, run.id):
+            return  # a sweeper enqueued it after all, and a worker started it: stream it
+    except Exception as exc:
+        # The DB is failing too: the Run stays queued, a sweeper enqueues it once Redis is back,
+        # and a retry with the same key attaches to it.
+        log.warning("turn.withdraw_failed", error_type=type(exc).__name__)
+    raise ApiError(503, "service_unavailable", "the Turn could not be queued (Redis is unavailable); retry")

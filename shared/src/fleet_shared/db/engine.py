@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import (
 # The revision the code expects. `tests/unit/shared/test_schema_head.py` fails if it drifts
 # from Alembic's head, so readiness never needs the migration scripts on disk.
 HEAD_REVISION = "0001_baseline"
+CONNECT_TIMEOUT_SECONDS = 5
 
 
 def is_sqlite(url: str) -> bool:
@@ -25,10 +26,15 @@ def is_sqlite(url: str) -> bool:
 
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if is_sqlite(url):
-        engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
+        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True, **kwargs)
         event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         return engine
-    return create_async_engine(url, pool_pre_ping=True, **kwargs)
+    # hide_parameters: an error's text never carries row values (an answer, a user's text) into a
+    # log line or a failure message. A short connect timeout: an unreachable DB is a quick 503.
+    connect_args = {"timeout": CONNECT_TIMEOUT_SECONDS}
+    return create_async_engine(
+        url, pool_pre_ping=True, hide_parameters=True, connect_args=connect_args, **kwargs
+    )
 
 
 def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -7,16 +7,25 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import msgspec
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_shared.db.models import Run, RunEventRow, Session, Turn, Workspace
-from fleet_shared.events import RunEvent, RunFailed, decode_event, encode_event, event_type
+from fleet_shared.events import (
+    RunCancelled,
+    RunEvent,
+    RunFailed,
+    decode_event,
+    encode_event,
+    event_type,
+)
 from fleet_shared.ids import new_id
-from fleet_shared.run_state import ACTIVE_STATUSES, RunCommand, RunStatus, decide
+from fleet_shared.run_state import ACTIVE_STATUSES, Decision, RunCommand, RunStatus, decide, decide_ending
+from fleet_shared.transcript import tombstone_parts
 
 DEFAULT_WORKSPACE = "default"
+TERMINAL_OR_QUEUED = frozenset(set(RunStatus) - {RunStatus.RUNNING, RunStatus.SETTLING})
 
 
 def now() -> datetime:
@@ -167,6 +176,26 @@ def same_key_outcome(run: Run, fingerprint: str) -> Claimed | ClaimRefused:
     return Claimed(run, created=False)
 
 
+async def withdraw_claim(db: AsyncSession, run_id: str) -> bool:
+    """Undo a claim whose job could not be queued: the Run and its user Turn vanish, so the same
+    Idempotency-Key works again. False when a worker already started it (then it stays)."""
+    run = await db.scalar(
+        select(Run.id).where(Run.id == run_id, Run.status == RunStatus.QUEUED.value, Run.attempt == 0)
+    )
+    if run is None:
+        await db.rollback()
+        return False
+    await db.execute(delete(Turn).where(Turn.run_id == run_id))
+    result = await db.execute(
+        delete(Run).where(Run.id == run_id, Run.status == RunStatus.QUEUED.value, Run.attempt == 0)
+    )
+    if getattr(result, "rowcount", 0) != 1:
+        await db.rollback()
+        return False
+    await db.commit()
+    return True
+
+
 # --- Run transitions (worker and gateway) -----------------------------------------------------
 
 
@@ -185,13 +214,28 @@ async def apply_transition(
 ) -> bool:
     """A fenced UPDATE: it only lands if the Run is still `current` (and `attempt`, if given)."""
     decision = decide(current, command)
+    return await apply_decision(
+        db, run_id, decision=decision, command=command, attempt=attempt, values=values
+    )
+
+
+async def apply_decision(
+    db: AsyncSession,
+    run_id: str,
+    *,
+    decision: Decision,
+    command: RunCommand,
+    attempt: int | None,
+    values: dict[str, Any] | None = None,
+) -> bool:
     changes: dict[str, Any] = {"status": decision.target.value, **(values or {})}
     if decision.bumps_attempt:
         changes["attempt"] = Run.attempt + 1
+    if command is RunCommand.START:
         changes["started_at"] = now()
-    if decision.target.value not in {s.value for s in ACTIVE_STATUSES}:
+    if decision.target not in ACTIVE_STATUSES:
         changes.setdefault("finished_at", now())
-    query = update(Run).where(Run.id == run_id, Run.status == decision.expected.value)
+    query = update(Run).where(Run.id == run_id, Run.status.in_([s.value for s in decision.sources]))
     if attempt is not None:
         query = query.where(Run.attempt == attempt)
     result = await db.execute(query.values(**changes).execution_options(synchronize_session=False))
@@ -205,29 +249,70 @@ async def start_run(db: AsyncSession, run_id: str) -> Run | None:
     return await get_run(db, run_id) if moved else None
 
 
+async def take_over_run(db: AsyncSession, run_id: str, attempt: int) -> bool:
+    """A sweeper claims a Run whose lease lapsed: attempt + 1, so its old owner's commit fails."""
+    run = await get_run(db, run_id)
+    if run is None or run.attempt != attempt or RunStatus(run.status) in TERMINAL_OR_QUEUED:
+        return False
+    moved = await apply_transition(db, run_id, RunStatus(run.status), RunCommand.TAKE_OVER, attempt=attempt)
+    await db.commit()
+    return moved
+
+
 async def fail_queued_run(db: AsyncSession, run_id: str, code: str, message: str) -> RunFailed | None:
     """End a Run that never started, with its failed assistant Turn, as any other ending is.
 
     Returns the terminal event to publish, or None when the Run was no longer queued.
     """
+    terminal = RunFailed(run_id=run_id, seq=1, code=code, message=message)
+    ended = await end_queued_run(
+        db, run_id, command=RunCommand.FAIL, terminal=terminal, parts=[], code=code, message=message
+    )
+    return terminal if ended else None
+
+
+async def cancel_queued_run(db: AsyncSession, run_id: str) -> RunCancelled | None:
+    """Cancel a Run no worker has started: its tombstone Turn and status, in one transaction."""
+    terminal = RunCancelled(run_id=run_id, seq=1)
+    ended = await end_queued_run(
+        db,
+        run_id,
+        command=RunCommand.CANCEL,
+        terminal=terminal,
+        parts=tombstone_parts(None),
+        code=None,
+        message=None,
+    )
+    return terminal if ended else None
+
+
+async def end_queued_run(
+    db: AsyncSession,
+    run_id: str,
+    *,
+    command: RunCommand,
+    terminal: RunEvent,
+    parts: list[dict[str, Any]],
+    code: str | None,
+    message: str | None,
+) -> bool:
     run = await get_run(db, run_id)
     if run is None or run.status != RunStatus.QUEUED.value:
-        return None
-    terminal = RunFailed(run_id=run_id, seq=1, code=code, message=message)
+        return False
     settlement = Settlement(
         run_id=run_id,
         session_id=run.session_id,
         attempt=run.attempt,
         current=RunStatus.QUEUED,
-        command=RunCommand.FAIL,
+        command=command,
         sequence=run.user_sequence + 1,
-        parts=[],
-        turn_status="failed",
+        parts=parts,
+        turn_status="cancelled" if command is RunCommand.CANCEL else "failed",
         events=[terminal],
         failure_code=code,
         failure_message=message,
     )
-    return terminal if await commit_settlement(db, settlement) else None
+    return await commit_settlement(db, settlement)
 
 
 class Settlement(msgspec.Struct, frozen=True, kw_only=True):
@@ -248,12 +333,13 @@ class Settlement(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
-    """Fenced by attempt and status: a late writer (an older attempt) changes nothing."""
-    moved = await apply_transition(
+    """The Run's ending, its assistant Turn and its events, in one transaction fenced by attempt
+    and status: a late writer (an older attempt) changes nothing."""
+    moved = await apply_decision(
         db,
         s.run_id,
-        s.current,
-        s.command,
+        decision=decide_ending(s.current, s.command),
+        command=s.command,
         attempt=s.attempt,
         values={
             "usage": s.usage,

@@ -1,0 +1,210 @@
+"""The sweep that keeps every Run moving toward an end. Workers and gateways both run it, so a
+Run is recovered even when no worker is alive; one process sweeps per interval (a Redis lock).
+
+- A running Run whose lease lapsed (its worker died or stalled) is taken over (attempt + 1,
+  under the lease) and settled `worker_lost`; its old owner's late writes are then refused.
+- A queued Run whose arq job vanished (the gateway died before enqueueing, or Redis lost the
+  queue) is enqueued again; one that stays lost for `QUEUED_GIVE_UP` is failed `enqueue_lost`.
+- Right after Redis lost its data (it restarted), every lease is missing at once: the sweep then
+  waits twice `lease_seconds`, which lets live workers take their leases back first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from fleet_shared import redis_keys
+from fleet_shared.db import queries
+from fleet_shared.db.models import Run
+from fleet_shared.event_log import Appended, RunLog, lease_token, read_all_after
+from fleet_shared.events import RunEvent, RunFailed, is_terminal
+from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, ARQ_JOB_PREFIX, ARQ_RESULT_PREFIX
+from fleet_shared.run_state import RunCommand, RunStatus
+from fleet_shared.transcript import fold_parts
+
+log = structlog.get_logger(__name__)
+LOST_MESSAGE = "the worker running this Turn stopped responding; send it again"
+ENQUEUE_LOST_MESSAGE = "the Turn's job was lost before any worker started it; send it again"
+QUEUED_GRACE = timedelta(seconds=3)  # longer than a gateway's claim-commit → enqueue gap
+QUEUED_GIVE_UP = timedelta(minutes=10)
+REAP_BATCH = 50  # lost Runs settled per sweep; the next sweep takes the rest
+
+
+async def append_from(runlog: RunLog, events: list[RunEvent], token: str) -> bool:
+    """Append `events` (in seq order) after wherever the log ends; False when fenced out.
+
+    A log that Redis lost (or cut short) is refilled from the first event it is missing."""
+    by_seq = {e.seq: e for e in events}
+    index = 0
+    while index < len(events):
+        result = await runlog.append(events[index], token)
+        if result.status is Appended.FENCED:
+            return False
+        if result.status is Appended.GAP:
+            missing = by_seq.get(result.last_seq + 1)
+            if missing is None:
+                return True  # the log lost events nobody holds any more; keep what it has
+            index = events.index(missing)
+            continue
+        index += 1
+    return True
+
+
+@dataclass(frozen=True)
+class Sweeper:
+    sessions: async_sessionmaker[AsyncSession]
+    redis: Redis
+    runlog: RunLog
+    lease_seconds: float
+    owner: str  # who sweeps: a gateway or worker process id, part of the lease token
+    enqueue: Callable[[str], Awaitable[object]]  # puts the arq job for a run id on the queue
+    restart_grace: float | None = None  # default: twice lease_seconds
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease_seconds * 1000)
+
+    async def run_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if await self.redis.set(redis_keys.sweeper(), self.owner, px=int(interval * 1000), nx=True):
+                    await self.sweep()
+            except (RedisError, OSError, SQLAlchemyError) as exc:
+                log.warning("sweep.failed", error_type=type(exc).__name__, error=str(exc))
+
+    async def sweep(self) -> int:
+        """One sweep. Returns how many Runs it settled or re-enqueued."""
+        return await self.settle_lost_runs() + await self.requeue_lost_jobs()
+
+    async def settle_lost_runs(self) -> int:
+        # A Run just started may not have written its lease yet: only look one lease period back.
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.lease_seconds)
+        async with self.sessions() as db:
+            candidate_ids = await queries.stale_active_run_ids(db, started_before=cutoff)
+        if not candidate_ids or await self.redis_recently_restarted():
+            return 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for run_id in candidate_ids:
+                pipe.exists(redis_keys.run_lease(run_id))
+            leased = await pipe.execute()
+        lost_ids = [run_id for run_id, held in zip(candidate_ids, leased, strict=True) if not held]
+        async with self.sessions() as db:
+            lost = await queries.get_runs(db, lost_ids[:REAP_BATCH])
+        settled = 0
+        for run in lost:
+            try:
+                settled += await self.settle_lost_run(run)
+            except (RedisError, OSError, SQLAlchemyError):
+                raise
+            except Exception as exc:  # one bad row must not stop recovery for every other Run
+                log.error("sweep.run_failed", run_id=run.id, error_type=type(exc).__name__, exc_info=exc)
+        return settled
+
+    async def redis_recently_restarted(self) -> bool:
+        grace = 2 * self.lease_seconds if self.restart_grace is None else self.restart_grace
+        if grace <= 0:
+            return False
+        info = await self.redis.info("server")
+        return int(info.get("uptime_in_seconds", 0)) < grace
+
+    async def settle_lost_run(self, run: Run) -> int:
+        """Take the lease, then the Run (attempt + 1), then settle it `worker_lost`."""
+        token = lease_token(run.attempt + 1, self.owner)
+        if not await self.runlog.take_lease(run.id, token, self.lease_ms):
+            return 0  # its worker took the lease back, or another sweeper is on it
+        try:
+            async with self.sessions() as db:
+                taken = await queries.take_over_run(db, run.id, run.attempt)
+            if not taken:
+                # Its worker committed meanwhile; its terminal append was refused by our lease.
+                await self.publish_committed(run.id, token)
+                return 0
+            logged = [e for e in await read_all_after(self.redis, run.id, 0) if not is_terminal(e)]
+            terminal = RunFailed(
+                run_id=run.id,
+                seq=(logged[-1].seq if logged else 0) + 1,
+                code="worker_lost",
+                message=LOST_MESSAGE,
+            )
+            events = [*logged, terminal]
+            settlement = queries.Settlement(
+                run_id=run.id,
+                session_id=run.session_id,
+                attempt=run.attempt + 1,
+                current=RunStatus(run.status),
+                command=RunCommand.FAIL,
+                sequence=run.user_sequence + 1,
+                parts=fold_parts(events),
+                turn_status="failed",
+                events=events,
+                failure_code="worker_lost",
+                failure_message=LOST_MESSAGE,
+            )
+            async with self.sessions() as db:
+                if not await queries.commit_settlement(db, settlement):
+                    return 0
+            await append_from(self.runlog, events, token)
+            log.warning("sweep.settled_lost_run", run_id=run.id, attempt=run.attempt + 1)
+            return 1
+        finally:
+            await self.runlog.release_lease(run.id, token)
+
+    async def publish_committed(self, run_id: str, token: str) -> None:
+        async with self.sessions() as db:
+            events = await queries.load_run_events(db, run_id)
+        if events:
+            await append_from(self.runlog, events, token)
+
+    async def requeue_lost_jobs(self) -> int:
+        now = datetime.now(UTC)
+        async with self.sessions() as db:
+            candidates = await queries.stale_queued_runs(db, created_before=now - QUEUED_GRACE)
+        moved = 0
+        for run in candidates:
+            moved += await self.requeue(run, now)
+        return moved
+
+    async def requeue(self, run: Run, now: datetime) -> int:
+        if await self.redis.exists(ARQ_JOB_PREFIX + run.id, ARQ_IN_PROGRESS_PREFIX + run.id):
+            return 0  # waiting its turn in the queue, or being picked up right now
+        created = run.created_at if run.created_at.tzinfo else run.created_at.replace(tzinfo=UTC)
+        if now - created > QUEUED_GIVE_UP:
+            return await self.fail_queued(run.id)
+        # A result left by a job that failed before claiming the Run (say, the DB was down) would
+        # make arq refuse the same job id: clear it, the Run itself says the work is still to do.
+        await self.redis.delete(ARQ_RESULT_PREFIX + run.id)
+        if await self.enqueue(run.id) is None:
+            return 0  # someone else enqueued it a moment ago
+        log.warning("sweep.requeued_lost_job", run_id=run.id)
+        return 1
+
+    async def fail_queued(self, run_id: str) -> int:
+        async with self.sessions() as db:
+            terminal = await queries.fail_queued_run(db, run_id, "enqueue_lost", ENQUEUE_LOST_MESSAGE)
+        if terminal is None:
+            return 0
+        await publish_ending(self.runlog, terminal, self.owner, self.lease_ms)
+        log.warning("sweep.failed_lost_job", run_id=run_id)
+        return 1
+
+
+async def publish_ending(runlog: RunLog, terminal: RunEvent, owner: str, lease_ms: int) -> bool:
+    """Log the terminal event of a Run that ended without an owner (it never started): take its
+    lease for the moment it takes, so the append is fenced like every other."""
+    token = lease_token(0, owner)
+    if not await runlog.take_lease(terminal.run_id, token, lease_ms):
+        return False
+    try:
+        return await append_from(runlog, [terminal], token)
+    finally:
+        await runlog.release_lease(terminal.run_id, token)

@@ -1,0 +1,98 @@
+"""Redis goes away (killed, restarted empty on the same port): running Turns carry on, queued
+ones are queued again, a POST is refused cleanly, and streams ride it out."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.chaos.cluster import new_session, post_turn, run_of, script_text, wait_for_run
+from tests.chaos.conftest import ClusterFactory
+from tests.support.servers import RedisServer
+
+pytestmark = pytest.mark.chaos
+
+SCRIPT = script_text(
+    {"lm": "root", "reasoning": "look", "code": "print('a')"},
+    {"lm": "root", "reasoning": "think", "code": "print('b')", "delay_s": 3},
+    {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='survived')"},
+)
+
+
+def test_a_brief_redis_restart_loses_no_turn(
+    cluster_factory: ClusterFactory, chaos_redis: RedisServer
+) -> None:
+    cluster = cluster_factory(SCRIPT)
+    gateway = cluster.start_gateway()
+    cluster.start_worker(concurrency=2)
+    streams = [post_turn(gateway, new_session(gateway), "go", f"k-{i}") for i in range(3)]
+    run_ids = []
+    for stream in streams:
+        stream.wait_for(lambda f: f.type == "start")
+        assert stream.headers is not None
+        run_ids.append(stream.headers["x-fleet-run-id"])
+    for run_id in run_ids[:2]:  # two run; the third waits in the queue
+        wait_for_run(gateway, run_id, lambda r: r["status"] == "running")
+    assert run_of(gateway, run_ids[2])["status"] == "queued"
+
+    chaos_redis.kill()  # everything in it is gone: leases, logs, the queue with the third job
+    time.sleep(1)
+    chaos_redis.start()
+    restarted = time.monotonic()
+
+    for stream in streams:
+        stream.finish(timeout=60)
+        assert stream.types[-2:] == ["finish", "[DONE]"], stream.types
+        assert "survived" in "".join(f.data for f in stream.frames)
+    for run_id in run_ids:
+        run = run_of(gateway, run_id)
+        assert (run["status"], run["attempt"]) == ("completed", 1), run
+    queued_done = run_of(gateway, run_ids[2])["finished_at"]
+    assert queued_done is not None
+    print({"queued_run_done_after_restart_s": round(time.monotonic() - restarted, 1)})
+
+
+def test_redis_down_at_post_is_503_and_the_key_works_afterwards(
+    cluster_factory: ClusterFactory, chaos_redis: RedisServer
+) -> None:
+    cluster = cluster_factory(script_text({"lm": "root", "reasoning": "r", "code": "SUBMIT(answer='ok')"}))
+    gateway = cluster.start_gateway()
+    cluster.start_worker()
+    session_id = new_session(gateway)
+    chaos_redis.kill()
+    try:
+        with gateway.client() as client:
+            refused = client.post(
+                f"/api/sessions/{session_id}/turns", json={"text": "hi"}, headers={"Idempotency-Key": "same"}
+            )
+            history = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
+    finally:
+        chaos_redis.start()
+    assert (refused.status_code, refused.json()["code"]) == (503, "service_unavailable")
+    assert history == []  # nothing committed: no user Turn, no failed Run
+    cluster.wait_until(lambda: cluster.redis_client().exists("fleet:queue:health-check"), "no worker")
+    again = post_turn(gateway, session_id, "hi", "same").finish()
+    assert again.status == 200 and again.types[-2:] == ["finish", "[DONE]"]
+
+
+def test_a_stream_that_loses_redis_shows_the_committed_ending(
+    cluster_factory: ClusterFactory, chaos_redis: RedisServer
+) -> None:
+    cluster = cluster_factory(SCRIPT)
+    gateway = cluster.start_gateway()
+    cluster.start_worker()
+    stream = post_turn(gateway, new_session(gateway), "go", "lose-1")
+    stream.wait_for(lambda f: f.type == "finish-step")
+    assert stream.headers is not None
+    run_id = stream.headers["x-fleet-run-id"]
+    chaos_redis.kill()
+    try:
+        # The Turn completes while Redis is away (the DB is fine): the worker commits it.
+        wait_for_run(gateway, run_id, lambda r: r["status"] == "completed", timeout=30)
+    finally:
+        chaos_redis.start()
+    stream.finish(timeout=60)
+    assert stream.types[-2:] == ["finish", "[DONE]"], stream.types
+    text = "".join(f.data for f in stream.frames)
+    assert "survived" in text and "interrupted" not in text

@@ -1,0 +1,81 @@
+"""Cancel notices: one pub/sub connection per worker process, routed to the Turns it runs.
+
+The notice is the fast path; the Run's cancel flag is the truth, read again on every lease
+renewal and whenever this listener (re)connects, so a missed notice delays a cancel by at most a
+third of the lease TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from fleet_shared import redis_keys
+from fleet_shared.event_log import control_channel
+
+log = structlog.get_logger(__name__)
+MIN_RETRY_SECONDS = 0.2
+MAX_RETRY_SECONDS = 5.0
+
+
+class CancelListener:
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self.watchers: dict[str, Callable[[], None]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.listen_forever(), name="fleet-cancel-listener")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    @contextlib.contextmanager
+    def watch(self, run_id: str, on_cancel: Callable[[], None]) -> Iterator[None]:
+        self.watchers[run_id] = on_cancel
+        try:
+            yield
+        finally:
+            self.watchers.pop(run_id, None)
+
+    async def check_flags(self, run_ids: list[str]) -> None:
+        if not run_ids:
+            return
+        flags = await self.redis.exists(*(redis_keys.run_cancel(r) for r in run_ids))
+        if flags:  # rare: look at each only when some flag is set
+            for run_id in run_ids:
+                if await self.redis.exists(redis_keys.run_cancel(run_id)):
+                    self.notify(run_id)
+
+    def notify(self, run_id: str) -> None:
+        on_cancel = self.watchers.get(run_id)
+        if on_cancel is not None:
+            log.info("turn.cancel_requested", run_id=run_id)
+            on_cancel()
+
+    async def listen_forever(self) -> None:
+        delay = MIN_RETRY_SECONDS
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(control_channel(self.redis))
+                delay = MIN_RETRY_SECONDS
+                await self.check_flags(list(self.watchers))  # what we missed while away
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        self.notify(message["data"].decode(errors="replace"))
+            except (RedisError, OSError) as exc:
+                log.warning("cancel_listener.disconnected", error=str(exc), retry_in=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_RETRY_SECONDS)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]

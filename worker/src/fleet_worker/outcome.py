@@ -1,0 +1,98 @@
+"""How a Turn ended, and the events that say so: the mapping from what happened to what is recorded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+from sqlalchemy.exc import SQLAlchemyError
+
+from fleet_shared.events import LMUsage, RunCancelled, RunCompleted, RunEvent, RunFailed, Usage
+from fleet_shared.run_state import RunCommand
+from fleet_worker import dspy_adapter
+from fleet_worker.errors import TurnCancelled, TurnFailed, TurnStopped, TurnTimedOut
+from fleet_worker.sandbox.errors import SandboxError
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How execution ended. `command` ends the Run: COMPLETE, FAIL, CANCEL or TIME_OUT."""
+
+    command: RunCommand
+    turn_status: str
+    answer: str | None = None
+    iterations: int = 0
+    lm_usage: dict[str, dict[str, int]] | None = None
+    failure_code: str | None = None
+    failure_message: str | None = None
+
+
+SHUTDOWN_OUTCOME = Outcome(
+    RunCommand.FAIL,
+    "failed",
+    failure_code="worker_shutdown",
+    failure_message="the worker shut down before the Turn finished; send it again",
+)
+
+
+def failure_outcome(exc: BaseException) -> Outcome:
+    """Map an exception (possibly wrapped by DSPy) to a failed, timed-out or cancelled Outcome.
+
+    Messages are public (they reach the client): never a host path, SQL or a row's values."""
+    cause = find_cause(exc)
+    if isinstance(cause, TurnCancelled):
+        return Outcome(RunCommand.CANCEL, "cancelled")
+    if isinstance(cause, TurnTimedOut):
+        return failed(RunCommand.TIME_OUT, "timed_out", cause.code, cause.message)
+    if isinstance(cause, TurnFailed):
+        return failed(RunCommand.FAIL, "failed", cause.code, cause.message)
+    if isinstance(cause, SandboxError):
+        return failed(RunCommand.FAIL, "failed", "sandbox_error", str(cause))
+    if dspy_adapter.is_lm_error(exc):
+        return failed(RunCommand.FAIL, "failed", "lm_error", str(exc))
+    log.error("turn.unexpected_error", error_type=type(exc).__name__, exc_info=exc)
+    if isinstance(cause, SQLAlchemyError):
+        message = f"the database failed ({type(cause).__name__}); send the Turn again"
+    else:
+        message = f"{type(exc).__name__}: {exc}"
+    return failed(RunCommand.FAIL, "failed", "internal_error", message)
+
+
+def failed(command: RunCommand, status: str, code: str, message: str) -> Outcome:
+    return Outcome(command, status, failure_code=code, failure_message=message)
+
+
+def find_cause(exc: BaseException) -> BaseException:
+    """The first of our own errors in the chain (DSPy may wrap what our engine raised)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, TurnFailed | TurnStopped | SandboxError | SQLAlchemyError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return exc
+
+
+def usage_event(run_id: str, outcome: Outcome, duration_ms: int) -> Usage:
+    observed = {
+        model: LMUsage(prompt_tokens=u["prompt_tokens"], completion_tokens=u["completion_tokens"])
+        for model, u in (outcome.lm_usage or {}).items()
+    }
+    return Usage(
+        run_id=run_id, iterations=outcome.iterations, duration_ms=duration_ms, observed_lm_usage=observed
+    )
+
+
+def terminal_event(run_id: str, outcome: Outcome, duration_ms: int) -> RunEvent:
+    if outcome.command is RunCommand.COMPLETE:
+        return RunCompleted(run_id=run_id, duration_ms=duration_ms)
+    if outcome.command is RunCommand.CANCEL:
+        return RunCancelled(run_id=run_id)
+    return RunFailed(
+        run_id=run_id,
+        code=outcome.failure_code or "internal_error",
+        message=outcome.failure_message or "the Turn failed",
+    )

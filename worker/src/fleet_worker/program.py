@@ -1,0 +1,147 @@
+"""Running one Turn's RLM program on the worker's dedicated thread pool, and stopping it.
+
+The Turn's deadline starts when the program starts on its thread, not when the job was picked
+up: a Turn that waited for a free thread has lost none of its time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import threading
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleet_shared.config import Settings
+from fleet_worker import dspy_adapter
+from fleet_worker.errors import LeaseLost, TurnCancelled, TurnTimedOut
+from fleet_worker.lease import RunLease
+from fleet_worker.lm.script import Script, load_script
+from fleet_worker.outcome import Outcome
+from fleet_worker.publisher import EventSink
+from fleet_worker.sandbox.local import LocalSandboxLease
+
+CANCEL_GRACE_SECONDS = 1.0  # a cancelled program gets this long to stop before the Turn settles
+STOP_GRACE_SECONDS = 5.0
+
+
+@dataclass
+class ProgramRun:
+    """One program on its thread; `started_at` is set (loop time) when the thread picks it up."""
+
+    future: asyncio.Future[dspy_adapter.ProgramResult]
+    started: asyncio.Event
+    stop: threading.Event
+    observer: dspy_adapter.TurnObserver
+    sandbox: LocalSandboxLease
+    started_at: float = field(default=0.0)
+
+
+def start_program(
+    pool: Executor,
+    *,
+    settings: Settings,
+    scripts: dict[Path, Script],
+    request: str,
+    history: list[dict[str, str]],
+    sandbox: LocalSandboxLease,
+    sink: EventSink,
+) -> ProgramRun:
+    loop = asyncio.get_running_loop()
+    stop = threading.Event()
+    started = asyncio.Event()
+    rlm = settings.profile.rlm
+    observer = dspy_adapter.TurnObserver(
+        emit=sink.emit_threadsafe,
+        run_id=sink.sequencer.run_id,
+        stop=stop,
+        max_output_chars=rlm.max_output_chars,
+    )
+    cursor = None
+    if settings.root_lm.scripted or settings.sub_lm.scripted:
+        cursor = script_for(scripts, settings).cursor()
+    call = functools.partial(
+        dspy_adapter.run_program,
+        request=request,
+        history=history,
+        root_lm=dspy_adapter.build_lm(settings.root_lm, "root", cursor, stop),
+        sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", cursor, stop),
+        limits=dspy_adapter.ProgramLimits(rlm.max_iters, rlm.max_llm_calls, rlm.max_output_chars),
+        observer=observer,
+        new_session=sandbox.new_session,
+    )
+    run = ProgramRun(asyncio.Future(), started, stop, observer, sandbox)
+
+    def on_thread() -> dspy_adapter.ProgramResult:
+        loop.call_soon_threadsafe(mark_started, run, loop)
+        return call()
+
+    run.future = asyncio.wrap_future(pool.submit(on_thread), loop=loop)
+    # However it ends, even after we stop waiting, its exception is expected: mark it retrieved.
+    run.future.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return run
+
+
+def mark_started(run: ProgramRun, loop: asyncio.AbstractEventLoop) -> None:
+    run.started_at = loop.time()
+    run.started.set()
+
+
+async def wait_for_program(
+    run: ProgramRun, lease: RunLease, turn_seconds: float, sink: EventSink, sandbox_ops: Executor
+) -> dspy_adapter.ProgramResult:
+    """The program's result, or TurnCancelled / LeaseLost / TurnTimedOut once it was stopped."""
+    cancel: asyncio.Future[object] = asyncio.ensure_future(lease.cancel_requested.wait())
+    lost: asyncio.Future[object] = asyncio.ensure_future(lease.lost.wait())
+    try:
+        started: asyncio.Future[object] = asyncio.ensure_future(run.started.wait())
+        await asyncio.wait({started, cancel, lost}, return_when=asyncio.FIRST_COMPLETED)
+        started.cancel()
+        if run.started.is_set():
+            remaining = run.started_at + turn_seconds - asyncio.get_running_loop().time()
+            ending: set[asyncio.Future[object]] = {run.future, cancel, lost}  # type: ignore[arg-type]
+            await asyncio.wait(ending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        await asyncio.shield(stop_program(run, sink, sandbox_ops, STOP_GRACE_SECONDS))
+        raise
+    finally:
+        cancel.cancel()
+        lost.cancel()
+    if run.future.done():  # it ended on its own: a cancel or a loss that came later is moot
+        return run.future.result()
+    if lease.cancel_requested.is_set():
+        await stop_program(run, sink, sandbox_ops, CANCEL_GRACE_SECONDS)
+        raise TurnCancelled("the Turn was cancelled")
+    await stop_program(run, sink, sandbox_ops, STOP_GRACE_SECONDS)
+    if lease.lost.is_set():
+        raise LeaseLost("this worker lost the Turn's lease; another process settled it")
+    raise TurnTimedOut(f"the Turn exceeded runtime.turn_timeout_seconds ({turn_seconds:g} s)")
+
+
+async def stop_program(run: ProgramRun, sink: EventSink, sandbox_ops: Executor, grace: float) -> None:
+    """Stop at the next boundary, kill the running cell, then wait a little for the thread."""
+    run.stop.set()
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(sandbox_ops, run.sandbox.interrupt)
+    await asyncio.wait({run.future}, timeout=grace)
+    sink.accepting_thread_events = False
+
+
+def script_for(scripts: dict[Path, Script], settings: Settings) -> Script:
+    lm = settings.root_lm if settings.root_lm.scripted else settings.sub_lm
+    assert lm.script_path is not None
+    script = scripts.get(lm.script_path)
+    if script is None:
+        script = load_script(lm.script_path, lm.name.removeprefix("scripted/"))
+        scripts[lm.script_path] = script
+    return script
+
+
+def with_observations(outcome: Outcome, run: ProgramRun | None) -> Outcome:
+    """An ending that did not come from the program's result still reports what it used."""
+    if run is None:
+        return outcome
+    observer = run.observer
+    return dataclasses.replace(outcome, iterations=observer.iteration, lm_usage=observer.usage_snapshot())
