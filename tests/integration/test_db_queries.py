@@ -10,7 +10,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fleet_shared.db import queries
+from fleet_shared.db import queries, runs
 from fleet_shared.db.engine import HEAD_REVISION, create_engine, current_revision, session_factory
 from fleet_shared.db.models import Run
 from fleet_shared.events import Reasoning, RunCompleted
@@ -111,7 +111,7 @@ async def test_start_run_is_atomic_and_duplicates_do_nothing(
 
     async def start() -> Run | None:
         async with sessions() as db:
-            return await queries.start_run(db, run_id)
+            return await runs.start_run(db, run_id)
 
     results = await asyncio.gather(start(), start(), start())
     started = [r for r in results if r is not None]
@@ -124,18 +124,16 @@ async def test_commit_is_fenced_by_attempt(sessions: async_sessionmaker[AsyncSes
         session_id = (await queries.create_session(db, "t")).id
         claimed = await claim(db, session_id, "k")
         assert isinstance(claimed, queries.Claimed)
-        run = await queries.start_run(db, claimed.run.id)
+        run = await runs.start_run(db, claimed.run.id)
         assert run is not None
         run_id, attempt, user_sequence = run.id, run.attempt, run.user_sequence
-        assert await queries.apply_transition(
-            db, run_id, RunStatus.RUNNING, RunCommand.SETTLE, attempt=attempt
-        )
+        assert await runs.apply_transition(db, run_id, RunStatus.RUNNING, RunCommand.SETTLE, attempt=attempt)
         await db.commit()
         events = [
             Reasoning(run_id=run_id, seq=1, part_id="r1", text="think"),
             RunCompleted(run_id=run_id, seq=2, duration_ms=5),
         ]
-        settlement = queries.Settlement(
+        settlement = runs.Settlement(
             run_id=run_id,
             session_id=session_id,
             attempt=attempt + 1,  # a stale or foreign attempt
@@ -146,20 +144,20 @@ async def test_commit_is_fenced_by_attempt(sessions: async_sessionmaker[AsyncSes
             turn_status="completed",
             events=events,
         )
-        assert not await queries.commit_settlement(db, settlement)
+        assert not await runs.commit_settlement(db, settlement)
         assert (await queries.list_turns(db, session_id, after_sequence=0, limit=10))[-1].role == "user"
 
         import msgspec
 
         mine = msgspec.structs.replace(settlement, attempt=attempt)
-        assert await queries.commit_settlement(db, mine)
+        assert await runs.commit_settlement(db, mine)
         fresh = await queries.get_run(db, run_id)
         assert fresh is not None and fresh.status == "completed" and fresh.finished_at is not None
         turns = await queries.list_turns(db, session_id, after_sequence=0, limit=10)
         assert [t.role for t in turns] == ["user", "assistant"]
         assert await queries.load_run_events(db, run_id) == events
         # A second commit of the same Run is refused: it is no longer settling.
-        assert not await queries.commit_settlement(db, mine)
+        assert not await runs.commit_settlement(db, mine)
 
 
 async def test_concurrent_retries_with_one_key_all_get_the_same_run(
@@ -178,3 +176,93 @@ async def test_concurrent_retries_with_one_key_all_get_the_same_run(
     claimed = [o for o in outcomes if isinstance(o, queries.Claimed)]
     assert sum(o.created for o in claimed) == 1
     assert len({o.run.id for o in claimed}) == 1
+
+
+async def test_the_migrated_schema_matches_the_models(database_url: str) -> None:
+    """Alembic owns the schema: every model change needs its migration, and vice versa."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from fleet_shared.db.models import Base
+
+    engine = create_engine(database_url)
+    async with engine.connect() as conn:
+        diff = await conn.run_sync(
+            lambda sync: compare_metadata(MigrationContext.configure(sync), Base.metadata)
+        )
+    await engine.dispose()
+    assert diff == []
+
+
+async def test_a_withdrawn_claim_leaves_nothing_and_frees_the_key(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    async with sessions() as db:
+        session_id = (await queries.create_session(db, "t")).id
+        first = await claim(db, session_id, "k")
+        assert isinstance(first, queries.Claimed)
+        assert await queries.withdraw_claim(db, first.run.id) is True
+        assert await queries.list_turns(db, session_id, after_sequence=0, limit=10) == []
+        assert await queries.get_run(db, first.run.id) is None
+        again = await claim(db, session_id, "k")  # the same key claims afresh
+        assert isinstance(again, queries.Claimed) and again.created
+        assert await runs.start_run(db, again.run.id) is not None
+        assert await queries.withdraw_claim(db, again.run.id) is False  # a started Run stays
+
+
+async def test_take_over_bumps_the_attempt_and_fences_the_old_owner(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    async with sessions() as db:
+        session_id = (await queries.create_session(db, "t")).id
+        claimed = await claim(db, session_id, "k")
+        assert isinstance(claimed, queries.Claimed)
+        run = await runs.start_run(db, claimed.run.id)
+        assert run is not None and run.attempt == 1
+        run_id, user_sequence = run.id, run.user_sequence
+        assert await runs.take_over_run(db, run_id, attempt=1) is True
+        assert await runs.take_over_run(db, run_id, attempt=1) is False  # only one taker
+        taken = await queries.get_run(db, run_id)
+        assert taken is not None and (taken.status, taken.attempt) == ("running", 2)
+        old = settlement(run_id, session_id, attempt=1, user_sequence=user_sequence)
+        assert await runs.commit_settlement(db, old) is False  # the old owner is fenced out
+        new = settlement(run_id, session_id, attempt=2, user_sequence=user_sequence)
+        assert await runs.commit_settlement(db, new) is True
+        ended = await queries.get_run(db, run_id)
+        assert ended is not None and ended.status == "completed"
+        assert len(await queries.list_turns(db, session_id, after_sequence=0, limit=10)) == 2
+        assert await runs.take_over_run(db, run_id, attempt=2) is False  # terminal: nothing to take
+
+
+async def test_cancelling_a_queued_run_writes_its_tombstone_in_one_go(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    async with sessions() as db:
+        session_id = (await queries.create_session(db, "t")).id
+        claimed = await claim(db, session_id, "k")
+        assert isinstance(claimed, queries.Claimed)
+        terminal = await runs.cancel_queued_run(db, claimed.run.id)
+        assert terminal is not None and terminal.seq == 1
+        assert await runs.cancel_queued_run(db, claimed.run.id) is None  # once
+        assert await runs.start_run(db, claimed.run.id) is None  # no worker can claim it now
+        turns = await queries.list_turns(db, session_id, after_sequence=0, limit=10)
+        events = await queries.load_run_events(db, claimed.run.id)
+    assert [t.role for t in turns] == ["user", "assistant"]
+    assert turns[1].status == "cancelled" and turns[1].parts == [
+        {"type": "text", "text": "Turn cancelled", "state": "done"}
+    ]
+    assert events == [terminal]
+
+
+def settlement(run_id: str, session_id: str, *, attempt: int, user_sequence: int) -> runs.Settlement:
+    return runs.Settlement(
+        run_id=run_id,
+        session_id=session_id,
+        attempt=attempt,
+        current=RunStatus.RUNNING,
+        command=RunCommand.COMPLETE,
+        sequence=user_sequence + 1,
+        parts=[],
+        turn_status="completed",
+        events=[RunCompleted(run_id=run_id, seq=1, duration_ms=1)],
+    )

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_shared import event_log, redis_keys
 from fleet_shared.config import Settings, load_settings
-from fleet_shared.db import queries
+from fleet_shared.db import queries, runs
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.event_log import Appended, RunLog, lease_token
 from fleet_shared.events import CellOutput, RunCompleted, RunEvent, RunFailed
@@ -152,7 +152,7 @@ def settlement_of(run: Any, command: Any, events: list[RunEvent], failure_code: 
     """The settlement a worker would commit for `run` with these events."""
     from fleet_shared.run_state import RunCommand, RunStatus
 
-    return queries.Settlement(
+    return runs.Settlement(
         run_id=run.id,
         session_id=run.session_id,
         attempt=run.attempt,
@@ -279,7 +279,7 @@ async def test_sweeper_takes_over_and_settles_runs_whose_lease_lapsed(harness_fa
     long_ago = datetime.now(UTC) - timedelta(minutes=5)
     async with harness.sessions() as db:
         for run_id in (lost, leased, fresh):
-            assert await queries.start_run(db, run_id) is not None
+            assert await runs.start_run(db, run_id) is not None
         await db.execute(update(Run).where(Run.id.in_([lost, leased])).values(started_at=long_ago))
         await db.commit()
     # The lost Run's worker had published two events before it died.
@@ -375,7 +375,7 @@ async def test_a_crowd_of_healthy_runs_does_not_hide_a_lost_one(harness_factory)
     now = datetime.now(UTC)
     async with harness.sessions() as db:
         for run_id in [*healthy, lost]:
-            assert await queries.start_run(db, run_id) is not None
+            assert await runs.start_run(db, run_id) is not None
         # The healthy ones are older, so they would fill any first page of candidates.
         await db.execute(update(Run).where(Run.id.in_(healthy)).values(started_at=now - timedelta(hours=2)))
         await db.execute(update(Run).where(Run.id == lost).values(started_at=now - timedelta(minutes=5)))

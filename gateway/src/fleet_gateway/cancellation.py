@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.state import GatewayState
 from fleet_shared import redis_keys
-from fleet_shared.db import queries
+from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Run
 from fleet_shared.event_log import control_channel
 from fleet_shared.recovery import publish_ending
@@ -44,7 +44,7 @@ async def request_cancellation(gw: GatewayState, db: AsyncSession, run: Run) -> 
 async def cancel_queued(gw: GatewayState, db: AsyncSession, run_id: str) -> bool:
     """Commit the cancellation (tombstone and all), then tell arq and the stream. False if a
     worker started the Run first."""
-    terminal = await queries.cancel_queued_run(db, run_id)
+    terminal = await runs.cancel_queued_run(db, run_id)
     if terminal is None:
         return False
     try:

@@ -20,7 +20,7 @@ import msgspec
 CHUNK_ENCODER = msgspec.json.Encoder()
 DONE_FRAME = b"data: [DONE]\n\n"
 WHOLE_EVENT = 2**31 - 1  # the chunk index a bare `<seq>` stands for: after all of the event
-LAST_EVENT_ID = re.compile(r"^(\d{1,10})(?:\.(\d{1,10})(?:\.\d{1,10})?)?$")
+LAST_EVENT_ID = re.compile(r"^([0-9]{1,10})(?:\.([0-9]{1,10})(?:\.[0-9]{1,10})?)?$")
 
 
 class Position(NamedTuple):

@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_shared import redis_keys
-from fleet_shared.db import queries
+from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Run
 from fleet_shared.event_log import Appended, RunLog, lease_token, read_all_after
 from fleet_shared.events import RunEvent, RunFailed, is_terminal
@@ -90,7 +90,7 @@ class Sweeper:
         # A Run just started may not have written its lease yet: only look one lease period back.
         cutoff = datetime.now(UTC) - timedelta(seconds=self.lease_seconds)
         async with self.sessions() as db:
-            candidate_ids = await queries.stale_active_run_ids(db, started_before=cutoff)
+            candidate_ids = await runs.stale_active_run_ids(db, started_before=cutoff)
         if not candidate_ids or await self.redis_recently_restarted():
             return 0
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -99,7 +99,7 @@ class Sweeper:
             leased = await pipe.execute()
         lost_ids = [run_id for run_id, held in zip(candidate_ids, leased, strict=True) if not held]
         async with self.sessions() as db:
-            lost = await queries.get_runs(db, lost_ids[:REAP_BATCH])
+            lost = await runs.get_runs(db, lost_ids[:REAP_BATCH])
         settled = 0
         for run in lost:
             try:
@@ -124,7 +124,7 @@ class Sweeper:
             return 0  # its worker took the lease back, or another sweeper is on it
         try:
             async with self.sessions() as db:
-                taken = await queries.take_over_run(db, run.id, run.attempt)
+                taken = await runs.take_over_run(db, run.id, run.attempt)
             if not taken:
                 # Its worker committed meanwhile; its terminal append was refused by our lease.
                 await self.publish_committed(run.id, token)
@@ -137,7 +137,7 @@ class Sweeper:
                 message=LOST_MESSAGE,
             )
             events = [*logged, terminal]
-            settlement = queries.Settlement(
+            settlement = runs.Settlement(
                 run_id=run.id,
                 session_id=run.session_id,
                 attempt=run.attempt + 1,
@@ -151,7 +151,7 @@ class Sweeper:
                 failure_message=LOST_MESSAGE,
             )
             async with self.sessions() as db:
-                if not await queries.commit_settlement(db, settlement):
+                if not await runs.commit_settlement(db, settlement):
                     return 0
             await append_from(self.runlog, events, token)
             log.warning("sweep.settled_lost_run", run_id=run.id, attempt=run.attempt + 1)
@@ -168,7 +168,7 @@ class Sweeper:
     async def requeue_lost_jobs(self) -> int:
         now = datetime.now(UTC)
         async with self.sessions() as db:
-            candidates = await queries.stale_queued_runs(db, created_before=now - QUEUED_GRACE)
+            candidates = await runs.stale_queued_runs(db, created_before=now - QUEUED_GRACE)
         moved = 0
         for run in candidates:
             moved += await self.requeue(run, now)
@@ -190,7 +190,7 @@ class Sweeper:
 
     async def fail_queued(self, run_id: str) -> int:
         async with self.sessions() as db:
-            terminal = await queries.fail_queued_run(db, run_id, "enqueue_lost", ENQUEUE_LOST_MESSAGE)
+            terminal = await runs.fail_queued_run(db, run_id, "enqueue_lost", ENQUEUE_LOST_MESSAGE)
         if terminal is None:
             return 0
         await publish_ending(self.runlog, terminal, self.owner, self.lease_ms)

@@ -1,4 +1,4 @@
-"""Fold a Run's Runtime Events into the committed assistant UIMessage parts (ARCHITECTURE §3)."""
+"""Fold a Run's Runtime Events into the committed assistant UIMessage parts (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import time
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fleet_shared.db import queries
+from fleet_shared.db import queries, runs
 from fleet_shared.db.faults import is_unreachable
 from fleet_shared.db.models import Run
 from fleet_shared.run_state import ACTIVE_STATUSES, RunStatus, decide_ending
@@ -19,7 +19,7 @@ MAX_RETRY_SECONDS = 2.0
 
 
 async def commit_with_retry(
-    sessions: async_sessionmaker[AsyncSession], settlement: queries.Settlement, *, deadline: float
+    sessions: async_sessionmaker[AsyncSession], settlement: runs.Settlement, *, deadline: float
 ) -> bool:
     """Commit, retrying every connection-class error until `deadline` (time.monotonic()).
 
@@ -38,16 +38,16 @@ async def commit_with_retry(
         delay = min(delay * 2, MAX_RETRY_SECONDS)
 
 
-async def commit_once(db: AsyncSession, settlement: queries.Settlement) -> bool:
+async def commit_once(db: AsyncSession, settlement: runs.Settlement) -> bool:
     run = await queries.get_run(db, settlement.run_id)
     if run is None or run.attempt != settlement.attempt:
         return False
     if RunStatus(run.status) in ACTIVE_STATUSES:
-        return await queries.commit_settlement(db, settlement)
+        return await runs.commit_settlement(db, settlement)
     return is_our_commit(run, settlement)
 
 
-def is_our_commit(run: Run, settlement: queries.Settlement) -> bool:
+def is_our_commit(run: Run, settlement: runs.Settlement) -> bool:
     """A terminal Run is ours only if it ended exactly as this settlement says (a retry after a
     lost acknowledgement): same attempt, status, failure code and last event."""
     target = decide_ending(settlement.current, settlement.command).target

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_shared.config import Settings
-from fleet_shared.db import queries
+from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Session
 from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import Answer, StatusChanged
@@ -116,7 +116,7 @@ async def finish_even_if_cancelled(settling: Coroutine[Any, Any, str]) -> tuple[
 async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:
     """queued → running, attempt + 1: from here on this worker owns the Run."""
     async with deps.sessions() as db:
-        run = await queries.start_run(db, run_id)
+        run = await runs.start_run(db, run_id)
         if run is None:
             return None
         session = await db.get(Session, run.session_id)
@@ -245,7 +245,7 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
     sink.emit(usage)
     terminal = sink.stamp_terminal(terminal_event(claim.run_id, outcome, duration_ms))
     cancelled = outcome.command is RunCommand.CANCEL
-    settlement = queries.Settlement(
+    settlement = runs.Settlement(
         run_id=claim.run_id,
         session_id=claim.session_id,
         attempt=claim.attempt,

@@ -53,6 +53,9 @@ class Run(Base):
             postgresql_where=ACTIVE_SQL,
             sqlite_where=ACTIVE_SQL,
         ),
+        # The recovery sweep's lookups (migration 0002).
+        Index("ix_runs_status_started_at", "status", "started_at"),
+        Index("ix_runs_status_created_at", "status", "created_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)

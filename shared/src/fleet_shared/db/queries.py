@@ -4,28 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_shared.db.models import Run, RunEventRow, Session, Turn, Workspace
 from fleet_shared.events import (
-    RunCancelled,
     RunEvent,
-    RunFailed,
     decode_event,
-    encode_event,
-    event_type,
 )
 from fleet_shared.ids import new_id
-from fleet_shared.run_state import ACTIVE_STATUSES, Decision, RunCommand, RunStatus, decide, decide_ending
-from fleet_shared.transcript import tombstone_parts
+from fleet_shared.run_state import ACTIVE_STATUSES, RunStatus
 
 DEFAULT_WORKSPACE = "default"
-TERMINAL_OR_QUEUED = frozenset(set(RunStatus) - {RunStatus.RUNNING, RunStatus.SETTLING})
 
 
 def now() -> datetime:
@@ -196,223 +190,11 @@ async def withdraw_claim(db: AsyncSession, run_id: str) -> bool:
     return True
 
 
-# --- Run transitions (worker and gateway) -----------------------------------------------------
+# --- reading Runs ----------------------------------------------------------------------------
 
 
 async def get_run(db: AsyncSession, run_id: str) -> Run | None:
     return await db.get(Run, run_id, populate_existing=True)
-
-
-async def apply_transition(
-    db: AsyncSession,
-    run_id: str,
-    current: RunStatus,
-    command: RunCommand,
-    *,
-    attempt: int | None = None,
-    values: dict[str, Any] | None = None,
-) -> bool:
-    """A fenced UPDATE: it only lands if the Run is still `current` (and `attempt`, if given)."""
-    decision = decide(current, command)
-    return await apply_decision(
-        db, run_id, decision=decision, command=command, attempt=attempt, values=values
-    )
-
-
-async def apply_decision(
-    db: AsyncSession,
-    run_id: str,
-    *,
-    decision: Decision,
-    command: RunCommand,
-    attempt: int | None,
-    values: dict[str, Any] | None = None,
-) -> bool:
-    changes: dict[str, Any] = {"status": decision.target.value, **(values or {})}
-    if decision.bumps_attempt:
-        changes["attempt"] = Run.attempt + 1
-    if command is RunCommand.START:
-        changes["started_at"] = now()
-    if decision.target not in ACTIVE_STATUSES:
-        changes.setdefault("finished_at", now())
-    query = update(Run).where(Run.id == run_id, Run.status.in_([s.value for s in decision.sources]))
-    if attempt is not None:
-        query = query.where(Run.attempt == attempt)
-    result = await db.execute(query.values(**changes).execution_options(synchronize_session=False))
-    return bool(getattr(result, "rowcount", 0) == 1)
-
-
-async def start_run(db: AsyncSession, run_id: str) -> Run | None:
-    """queued → running, bumping `attempt`; None when the Run is not queued (a duplicate job)."""
-    moved = await apply_transition(db, run_id, RunStatus.QUEUED, RunCommand.START)
-    await db.commit()
-    return await get_run(db, run_id) if moved else None
-
-
-async def take_over_run(db: AsyncSession, run_id: str, attempt: int) -> bool:
-    """A sweeper claims a Run whose lease lapsed: attempt + 1, so its old owner's commit fails."""
-    run = await get_run(db, run_id)
-    if run is None or run.attempt != attempt or RunStatus(run.status) in TERMINAL_OR_QUEUED:
-        return False
-    moved = await apply_transition(db, run_id, RunStatus(run.status), RunCommand.TAKE_OVER, attempt=attempt)
-    await db.commit()
-    return moved
-
-
-async def fail_queued_run(db: AsyncSession, run_id: str, code: str, message: str) -> RunFailed | None:
-    """End a Run that never started, with its failed assistant Turn, as any other ending is.
-
-    Returns the terminal event to publish, or None when the Run was no longer queued.
-    """
-    terminal = RunFailed(run_id=run_id, seq=1, code=code, message=message)
-    ended = await end_queued_run(
-        db, run_id, command=RunCommand.FAIL, terminal=terminal, parts=[], code=code, message=message
-    )
-    return terminal if ended else None
-
-
-async def cancel_queued_run(db: AsyncSession, run_id: str) -> RunCancelled | None:
-    """Cancel a Run no worker has started: its tombstone Turn and status, in one transaction."""
-    terminal = RunCancelled(run_id=run_id, seq=1)
-    ended = await end_queued_run(
-        db,
-        run_id,
-        command=RunCommand.CANCEL,
-        terminal=terminal,
-        parts=tombstone_parts(None),
-        code=None,
-        message=None,
-    )
-    return terminal if ended else None
-
-
-async def end_queued_run(
-    db: AsyncSession,
-    run_id: str,
-    *,
-    command: RunCommand,
-    terminal: RunEvent,
-    parts: list[dict[str, Any]],
-    code: str | None,
-    message: str | None,
-) -> bool:
-    run = await get_run(db, run_id)
-    if run is None or run.status != RunStatus.QUEUED.value:
-        return False
-    settlement = Settlement(
-        run_id=run_id,
-        session_id=run.session_id,
-        attempt=run.attempt,
-        current=RunStatus.QUEUED,
-        command=command,
-        sequence=run.user_sequence + 1,
-        parts=parts,
-        turn_status="cancelled" if command is RunCommand.CANCEL else "failed",
-        events=[terminal],
-        failure_code=code,
-        failure_message=message,
-    )
-    return await commit_settlement(db, settlement)
-
-
-class Settlement(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything the worker commits at the end of a Run, in one transaction."""
-
-    run_id: str
-    session_id: str
-    attempt: int
-    current: RunStatus
-    command: RunCommand
-    sequence: int
-    parts: list[dict[str, Any]]
-    turn_status: str
-    events: list[RunEvent]
-    usage: dict[str, Any] | None = None
-    failure_code: str | None = None
-    failure_message: str | None = None
-
-
-async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
-    """The Run's ending, its assistant Turn and its events, in one transaction fenced by attempt
-    and status: a late writer (an older attempt) changes nothing."""
-    moved = await apply_decision(
-        db,
-        s.run_id,
-        decision=decide_ending(s.current, s.command),
-        command=s.command,
-        attempt=s.attempt,
-        values={
-            "usage": s.usage,
-            "failure_code": s.failure_code,
-            "failure_message": s.failure_message,
-            "last_seq": s.events[-1].seq if s.events else 0,
-        },
-    )
-    if not moved:
-        await db.rollback()
-        return False
-    db.add(
-        Turn(
-            id=new_id(),
-            session_id=s.session_id,
-            run_id=s.run_id,
-            sequence=s.sequence,
-            role="assistant",
-            parts=s.parts,
-            status=s.turn_status,
-            created_at=now(),
-        )
-    )
-    if s.events:
-        await db.execute(
-            insert(RunEventRow),
-            [
-                {
-                    "run_id": s.run_id,
-                    "seq": e.seq,
-                    "type": event_type(e),
-                    "payload": encode_event(e).decode(),
-                }
-                for e in s.events
-            ],
-        )
-    await db.commit()
-    return True
-
-
-async def stale_active_run_ids(
-    db: AsyncSession, *, started_before: datetime, limit: int = 10_000
-) -> list[str]:
-    """Ids of running or settling Runs that started before the cutoff: the reaper's candidates.
-
-    Ids only, so the reaper can check every lease at once and a crowd of healthy long Runs
-    never hides a lost one behind a page limit.
-    """
-    rows = await db.scalars(
-        select(Run.id)
-        .where(
-            Run.status.in_([RunStatus.RUNNING.value, RunStatus.SETTLING.value]),
-            Run.started_at < started_before,
-        )
-        .order_by(Run.started_at)
-        .limit(limit)
-    )
-    return list(rows.all())
-
-
-async def get_runs(db: AsyncSession, run_ids: Sequence[str]) -> Sequence[Run]:
-    rows = await db.scalars(select(Run).where(Run.id.in_(run_ids)).order_by(Run.started_at))
-    return rows.all()
-
-
-async def stale_queued_runs(db: AsyncSession, *, created_before: datetime, limit: int = 50) -> Sequence[Run]:
-    rows = await db.scalars(
-        select(Run)
-        .where(Run.status == RunStatus.QUEUED.value, Run.created_at < created_before)
-        .order_by(Run.created_at)
-        .limit(limit)
-    )
-    return rows.all()
 
 
 # --- history ----------------------------------------------------------------------------------

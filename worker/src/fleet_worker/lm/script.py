@@ -1,4 +1,4 @@
-"""The scripted LM's JSONL script (ARCHITECTURE §7): parsing, per-Run cursors, and usage counting."""
+"""The scripted LM's JSONL script (docs/configuration.md): parsing, per-Run cursors, and usage counting."""
 
 from __future__ import annotations
 
