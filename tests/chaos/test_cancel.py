@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import statistics
 import time
 import uuid
 
@@ -11,11 +13,11 @@ import pytest
 from tests.chaos.cluster import new_session, post_turn, run_of, script_text, wait_for_run
 from tests.chaos.conftest import ClusterFactory
 
-pytestmark = pytest.mark.chaos
-
 LOOP = {"lm": "root", "reasoning": "spin", "code": "x = 0\nwhile True:\n    x += 1"}
 SLOW = {"lm": "root", "reasoning": "wait", "code": "print('waiting')", "delay_s": 30}
 SUBMIT = {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='finished')"}
+REPEAT = int(os.environ.get("FLEET_CHAOS_REPEAT", "3"))
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(max(300, 30 * REPEAT))]
 
 
 def cancel(gateway, run_id: str) -> tuple[int, dict[str, object]]:  # type: ignore[no-untyped-def]
@@ -35,13 +37,13 @@ def test_cancel_interrupts_a_looping_cell_and_leaves_a_tombstone(cluster_factory
     run_id = stream.headers["x-fleet-run-id"]
     wait_for_run(gateway, run_id, lambda r: r["status"] == "running")
 
+    time.sleep(0.5)  # not a synchronisation: the cell has been looping for a while when we cancel
     asked = time.monotonic()
     assert cancel(gateway, run_id) == (200, {"run_id": run_id, "state": "requested"})
     abort = stream.wait_for(lambda f: f.type == "abort", timeout=30)
     stream.finish()
     latency = abort.at - asked
-    print(json.dumps({"cancel_to_abort_ms": round(latency * 1000)}))
-    assert latency < 5, "a cancel must not wait for the looping cell"  # goal: <= 1 s p95 (bench)
+    assert latency < 5, "a cancel must not wait for the looping cell"  # goal: <= 1 s p95 (below)
     assert abort.chunk == {"type": "abort", "reason": "Turn cancelled"}
     assert stream.types[-2:] == ["abort", "[DONE]"]
 
@@ -64,6 +66,38 @@ def test_cancel_interrupts_a_looping_cell_and_leaves_a_tombstone(cluster_factory
     assert second.headers is not None
     assert cancel(gateway, second.headers["x-fleet-run-id"])[1]["state"] == "requested"
     assert second.finish().types[-2:] == ["abort", "[DONE]"]
+
+
+def test_cancel_to_abort_while_cells_loop(cluster_factory: ClusterFactory) -> None:
+    """The latency, over several Turns (FLEET_CHAOS_REPEAT), each cancelled mid-loop."""
+    cluster = cluster_factory(script_text(LOOP, SUBMIT))
+    gateway = cluster.start_gateway()
+    cluster.start_worker()
+    latencies = []
+    for attempt in range(REPEAT):
+        stream = post_turn(gateway, new_session(gateway), "spin", f"spin-{attempt}")
+        stream.wait_for(lambda f: f.type == "tool-input-available")
+        assert stream.headers is not None
+        time.sleep(0.5)  # let the cell loop a while (a measurement setup, not a synchronisation)
+        asked = time.monotonic()
+        assert cancel(gateway, stream.headers["x-fleet-run-id"])[1]["state"] == "requested"
+        latencies.append(stream.wait_for(lambda f: f.type == "abort", timeout=30).at - asked)
+        stream.finish()
+    ordered = sorted(latencies)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    print(
+        json.dumps(
+            {
+                "cancel_to_abort_ms": {
+                    "n": len(ordered),
+                    "p50": round(statistics.median(ordered) * 1000),
+                    "p95": round(p95 * 1000),
+                    "max": round(ordered[-1] * 1000),
+                }
+            }
+        )
+    )
+    assert max(latencies) < 5  # loose: a hang guard
 
 
 def test_cancel_states_are_idempotent(cluster_factory: ClusterFactory) -> None:

@@ -77,6 +77,7 @@ def test_fifty_rival_keys_make_one_run_and_49_conflicts(cluster_factory: Cluster
     assert outcomes.count((200, "stream")) == 1
 
 
+@pytest.mark.timeout(max(300, SOAK_TURNS))
 def test_soak_on_two_workers(cluster_factory: ClusterFactory) -> None:
     cluster = cluster_factory(DEMO, worker__concurrency=4)
     gateway = cluster.start_gateway()
@@ -97,7 +98,7 @@ def test_soak_on_two_workers(cluster_factory: ClusterFactory) -> None:
             mine.append(stream)
             with lock:
                 done += 1
-                if done in (SOAK_TURNS // 10, SOAK_TURNS):
+                if done in (SOAK_TURNS // 10, SOAK_TURNS // 2, SOAK_TURNS):
                     rss[done] = [w.rss_kb() for w in workers]
         return mine
 

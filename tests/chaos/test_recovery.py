@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import time
 
@@ -13,14 +14,13 @@ import pytest
 from tests.chaos.cluster import new_session, post_turn, resume, run_of, script_text
 from tests.chaos.conftest import ClusterFactory
 
-pytestmark = pytest.mark.chaos
-
 SLOW = script_text(
     {"lm": "root", "reasoning": "look", "code": "print('working')"},
     {"lm": "root", "reasoning": "long", "code": "print('more')", "delay_s": 60},
     {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='late')"},
 )
 REPEAT = int(os.environ.get("FLEET_CHAOS_REPEAT", "3"))
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(max(300, 30 * REPEAT))]
 
 
 def test_sigkill_of_the_only_worker_ends_the_stream_within_seconds(cluster_factory: ClusterFactory) -> None:
@@ -41,7 +41,10 @@ def test_sigkill_of_the_only_worker_ends_the_stream_within_seconds(cluster_facto
         assert stream.headers is not None
         run = run_of(gateway, stream.headers["x-fleet-run-id"])
         assert (run["status"], run["failure_code"]) == ("failed", "worker_lost")
-    print(json.dumps({"sigkill_to_stream_end_s": [round(s, 2) for s in seconds]}))
+    ordered = sorted(seconds)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    summary = {"n": len(ordered), "p50": round(statistics.median(ordered), 2), "p95": round(p95, 2)}
+    print(json.dumps({"sigkill_to_stream_end_s": summary}))
     assert statistics.median(seconds) < 10  # loose: a hang guard; the goal (5 s p95) is measured
 
 
@@ -62,3 +65,23 @@ def test_a_stream_ends_at_its_capped_lifetime_and_the_client_resumes(cluster_fac
     rest = resume(gateway, first.headers["x-fleet-run-id"], last_id).finish(timeout=30)
     assert rest.types[-2:] == ["finish", "[DONE]"]
     assert "after the cap" in "".join(f.data for f in rest.frames)
+
+
+def test_a_gateway_stops_within_its_grace_with_streams_open(cluster_factory: ClusterFactory) -> None:
+    cluster = cluster_factory(SLOW, gateway__shutdown_grace_seconds=2)
+    first = cluster.start_gateway()
+    cluster.start_worker()
+    stream = post_turn(first, new_session(first), "long", "grace-1")
+    stream.wait_for(lambda f: f.type == "finish-step")
+    started = time.monotonic()
+    first.process.signal(signal.SIGTERM)
+    first.process.popen.wait(timeout=30)
+    assert time.monotonic() - started < 10  # not the Run's remaining 60 s
+    stream.finish(timeout=10)
+    assert "[DONE]" not in stream.types  # cut, not finished: the client resumes elsewhere
+    second = cluster.start_gateway()
+    assert stream.headers is not None
+    with second.client() as client:
+        assert client.put(f"/api/runs/{stream.headers['x-fleet-run-id']}/cancellation").status_code == 200
+    rest = resume(second, stream.headers["x-fleet-run-id"], stream.content[-1][0]).finish()
+    assert rest.types[-2:] == ["abort", "[DONE]"]

@@ -3,6 +3,7 @@ ones are queued again, a POST is refused cleanly, and streams ride it out."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -96,3 +97,56 @@ def test_a_stream_that_loses_redis_shows_the_committed_ending(
     assert stream.types[-2:] == ["finish", "[DONE]"], stream.types
     text = "".join(f.data for f in stream.frames)
     assert "survived" in text and "interrupted" not in text
+
+
+def test_a_redis_stall_sweeps_no_healthy_run(
+    cluster_factory: ClusterFactory, chaos_redis: RedisServer
+) -> None:
+    """Redis stops answering for 5 s (longer than a lease), then carries on with its data: the
+    leases expired meanwhile, but their workers are fine and keep their Runs."""
+    script = script_text(
+        {"lm": "root", "reasoning": "look", "code": "print('a')"},
+        {"lm": "root", "reasoning": "think", "code": "print('b')", "delay_s": 8},
+        {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='kept')"},
+    )
+    cluster = cluster_factory(script)
+    gateway = cluster.start_gateway()
+    cluster.start_worker()
+    streams = [post_turn(gateway, new_session(gateway), "go", f"stall-{i}") for i in range(3)]
+    for stream in streams:
+        stream.wait_for(lambda f: f.type == "finish-step")
+    assert chaos_redis.proc is not None
+    chaos_redis.proc.send_signal(signal.SIGSTOP)
+    time.sleep(5)
+    chaos_redis.proc.send_signal(signal.SIGCONT)
+    for stream in streams:
+        stream.finish(timeout=60)
+        assert stream.types[-2:] == ["finish", "[DONE]"], stream.types
+        assert stream.headers is not None
+        run = run_of(gateway, stream.headers["x-fleet-run-id"])
+        assert (run["status"], run["attempt"]) == ("completed", 1), run
+
+
+def test_a_hung_redis_at_post_is_a_quick_503(
+    cluster_factory: ClusterFactory, chaos_redis: RedisServer
+) -> None:
+    cluster = cluster_factory(script_text({"lm": "root", "reasoning": "r", "code": "SUBMIT(answer='ok')"}))
+    gateway = cluster.start_gateway()
+    cluster.start_worker()
+    session_id = new_session(gateway)
+    assert chaos_redis.proc is not None
+    chaos_redis.proc.send_signal(signal.SIGSTOP)  # up, but answering nothing
+    try:
+        started = time.monotonic()
+        with gateway.client(timeout=30) as client:
+            refused = client.post(
+                f"/api/sessions/{session_id}/turns", json={"text": "hi"}, headers={"Idempotency-Key": "hung"}
+            )
+            history = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
+        took = time.monotonic() - started
+    finally:
+        chaos_redis.proc.send_signal(signal.SIGCONT)
+    assert (refused.status_code, refused.json()["code"]) == (503, "service_unavailable")
+    assert took < 10 and history == []
+    again = post_turn(gateway, session_id, "hi", "hung").finish()
+    assert again.types[-2:] == ["finish", "[DONE]"]

@@ -84,3 +84,26 @@ def test_resume_answers_unknown_runs_and_bad_ids_plainly(cluster_factory: Cluste
     assert (past_end.status_code, past_end.json()["code"]) == (422, "validation_error")
     assert at_end.status_code == 200 and at_end.text.endswith("data: [DONE]\n\n")
     assert "finish" not in at_end.text  # the client already had everything
+
+
+def test_resume_after_redis_lost_the_log_of_an_active_run(cluster_factory: ClusterFactory) -> None:
+    script = script_text(
+        {"lm": "root", "reasoning": "first", "code": "print('one')"},
+        {"lm": "root", "reasoning": "second", "code": "print('two')", "delay_s": 6},
+        {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='refilled')"},
+    )
+    cluster = cluster_factory(script)
+    gateway = cluster.start_gateway()
+    cluster.start_worker()
+    cut = post_turn(
+        gateway, new_session(gateway), "go", "lost-log", stop_when=lambda f: f.type == "finish-step"
+    )
+    cut.finish()
+    assert cut.headers is not None
+    run_id, last_id = cut.headers["x-fleet-run-id"], cut.content[-1][0]
+    cluster.redis.kill()  # the log, the lease and the queue are gone
+    cluster.redis.start()
+    resumed = resume(gateway, run_id, last_id).finish(timeout=60)
+    assert resumed.status == 200 and resumed.types[-2:] == ["finish", "[DONE]"]
+    reference = resume(gateway, run_id).finish()
+    assert cut.content + resumed.content == reference.content

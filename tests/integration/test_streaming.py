@@ -52,8 +52,8 @@ async def deps(fanout: EventFanout, sqlite_url: str) -> AsyncIterator[StreamDeps
 async def log_event(redis: aioredis.Redis, event: RunEvent) -> None:
     """Log an event as the Run's worker does: under the Run's lease."""
     runlog = RunLog(redis)
-    await runlog.take_lease(event.run_id, "test-worker", 60_000, replace=True)
-    assert (await runlog.append(event, "test-worker")).status is Appended.APPENDED
+    assert await runlog.take_lease(event.run_id, "1:test-worker", 60_000)
+    assert (await runlog.append(event, "1:test-worker")).status is Appended.APPENDED
 
 
 def run_view(run_id: str) -> RunView:

@@ -389,3 +389,55 @@ async def test_a_crowd_of_healthy_runs_does_not_hide_a_lost_one(harness_factory)
     assert statuses == {"running"}
     for run_id in healthy:  # leave nothing running for later tests' reapers to trip over
         await harness.redis.delete(redis_keys.run_lease(run_id))
+
+
+async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everything(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """Redis restarts between the commit and the terminal's publication: the worker takes its
+    lease back (the DB names its attempt, though the Run is now terminal) and refills the log."""
+    import time
+    from contextlib import AsyncExitStack
+
+    from fleet_shared.events import StatusChanged
+    from fleet_shared.redis_conn import listener
+    from fleet_shared.run_state import RunCommand, RunStatus
+    from fleet_shared.transcript import fold_parts
+    from fleet_worker.control import CancelListener
+    from fleet_worker.turn import Claim, hold
+
+    harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
+    run_id = await harness.submit(enqueue=False)
+    async with harness.sessions() as db:
+        run = await runs.start_run(db, run_id)
+        assert run is not None
+    listen = listener(harness.settings.redis_url)
+    deps = SimpleNamespace(
+        settings=harness.settings,
+        sessions=harness.sessions,
+        runlog=RunLog(harness.redis),
+        cancels=CancelListener(harness.redis, listen),
+        worker_id="w1",
+    )
+    claim = Claim(run_id, run.session_id, "ws", run.attempt, run.user_sequence, time.monotonic())
+    async with AsyncExitStack() as cleanup:
+        turn = await hold(deps, claim, cleanup)  # type: ignore[arg-type]
+        turn.sink.emit(StatusChanged(run_id=run_id, phase="execution"))
+        terminal = turn.sink.stamp_terminal(RunCompleted(run_id=run_id, duration_ms=1))
+        async with harness.sessions() as db:
+            settlement = runs.Settlement(
+                run_id=run_id,
+                session_id=run.session_id,
+                attempt=run.attempt,
+                current=RunStatus.RUNNING,
+                command=RunCommand.COMPLETE,
+                sequence=run.user_sequence + 1,
+                parts=fold_parts(turn.sink.events),
+                turn_status="completed",
+                events=turn.sink.events,
+            )
+            assert await runs.commit_settlement(db, settlement)
+        # Redis loses the lease and the log (a restart) before the terminal goes out.
+        await harness.redis.delete(redis_keys.run_lease(run_id), redis_keys.run_events(run_id))
+        assert await turn.sink.finish(within=10)
+    await listen.aclose()
+    logged = await harness.events(run_id)
+    assert [e.seq for e in logged] == [1, 2] and logged[-1] == terminal

@@ -113,6 +113,8 @@ def run_gateway(host: str, port: int, workers: int, allow_non_loopback: bool) ->
         port=port,
         interface="asgi",  # type: ignore[arg-type]
         workers=workers,
+        # Granian waits for open connections before it stops; SSE streams would hold it forever.
+        workers_kill_timeout=settings.profile.gateway.shutdown_grace_seconds,
         log_access=False,
         log_dictconfig=GRANIAN_LOGS_THROUGH_STRUCTLOG,
     ).serve()

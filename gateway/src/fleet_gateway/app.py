@@ -7,8 +7,8 @@ import contextlib
 import hmac
 import os
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import structlog
@@ -36,10 +36,11 @@ from fleet_shared.db.faults import is_unreachable
 from fleet_shared.event_log import RunLog
 from fleet_shared.queue import deserialize_job, serialize_job
 from fleet_shared.recovery import Sweeper
-from fleet_shared.redis_conn import CONNECT_TIMEOUT_SECONDS, RETRY_ON, retry_policy
+from fleet_shared.redis_conn import CONNECT_TIMEOUT_SECONDS, RETRY_ON_CONNECTION, listener, retry_policy
 
 log = structlog.get_logger(__name__)
 REDIS_RETRIES = 3  # 350 ms: a blip is absorbed; an outage is a quick 503 (clients retry)
+REQUEST_REDIS_TIMEOUT_SECONDS = 2.0
 SWEEP_INTERVAL_SECONDS = 0.5
 
 
@@ -48,47 +49,25 @@ def create_app(settings: Settings) -> Litestar:
 
     @asynccontextmanager
     async def resources(_app: Litestar) -> AsyncIterator[None]:
-        engine = create_engine(settings.database_url)
-        pool = ConnectionPool.from_url(
-            settings.redis_url,
-            socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
-            retry=retry_policy(REDIS_RETRIES),
-            retry_on_error=list(RETRY_ON),
-        )
-        arq = ArqRedis(
-            pool,
-            job_serializer=serialize_job,
-            job_deserializer=deserialize_job,
-            default_queue_name=settings.profile.worker.queue_name,
-        )
-        fanout = EventFanout(arq)
-        await fanout.start()
-        process_id = f"{socket.gethostname()}:{os.getpid()}"
-        probe = Redis.from_url(settings.redis_url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS)
-        state = GatewayState(
-            settings, engine, session_factory(engine), arq, fanout, RunLog(arq), process_id, probe
-        )
-        holder["state"] = state
-        # Gateways sweep for lost Runs too, so a Run is recovered even when no worker is alive.
-        sweeper = Sweeper(
-            sessions=state.sessions,
-            redis=arq,
-            runlog=state.runlog,
-            lease_seconds=settings.profile.worker.lease_seconds,
-            owner=f"gateway:{process_id}",
-            enqueue=state.enqueue,
-        )
-        sweeping = asyncio.create_task(sweeper.run_forever(SWEEP_INTERVAL_SECONDS), name="fleet-sweep")
-        try:
+        async with AsyncExitStack() as stack:  # teardown in reverse order
+            engine = create_engine(settings.database_url)
+            stack.push_async_callback(engine.dispose)
+            arq = queue_client(settings)
+            stack.push_async_callback(arq.aclose)
+            events, probe = listener(settings.redis_url), probe_client(settings.redis_url)
+            stack.push_async_callback(events.aclose)
+            stack.push_async_callback(probe.aclose)
+            fanout = EventFanout(events)
+            await fanout.start()
+            stack.push_async_callback(fanout.stop)
+            process_id = f"{socket.gethostname()}:{os.getpid()}"
+            state = GatewayState(
+                settings, engine, session_factory(engine), arq, fanout, RunLog(arq), process_id, probe
+            )
+            holder["state"] = state
+            # Gateways sweep for lost Runs too, so a Run is recovered even when no worker is alive.
+            await stack.enter_async_context(running(make_sweeper(state).run_forever(SWEEP_INTERVAL_SECONDS)))
             yield
-        finally:
-            sweeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeping
-            await fanout.stop()
-            await probe.aclose()
-            await arq.aclose()
-            await engine.dispose()
 
     def provide_state() -> GatewayState:
         return holder["state"]
@@ -123,6 +102,52 @@ def create_app(settings: Settings) -> Litestar:
         openapi_config=None,
         logging_config=None,  # structlog (configure_logging) owns logging in every process
     )
+
+
+def queue_client(settings: Settings) -> ArqRedis:
+    """Commands for requests: quick to give up on a hung Redis (a 503 the client retries)."""
+    pool = ConnectionPool.from_url(
+        settings.redis_url,
+        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        socket_timeout=REQUEST_REDIS_TIMEOUT_SECONDS,
+        retry=retry_policy(REDIS_RETRIES),
+        retry_on_error=list(RETRY_ON_CONNECTION),
+    )
+    return ArqRedis(
+        pool,
+        job_serializer=serialize_job,
+        job_deserializer=deserialize_job,
+        default_queue_name=settings.profile.worker.queue_name,
+    )
+
+
+def probe_client(url: str) -> Redis:
+    """No retries, a short timeout: readiness reports an outage at once."""
+    client: Redis = Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    return client
+
+
+def make_sweeper(state: GatewayState) -> Sweeper:
+    return Sweeper(
+        sessions=state.sessions,
+        redis=state.arq,
+        runlog=state.runlog,
+        lease_seconds=state.settings.profile.worker.lease_seconds,
+        owner=f"gateway:{state.process_id}",
+        enqueue=state.enqueue,
+    )
+
+
+@asynccontextmanager
+async def running(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """A background task for the app's lifetime, cancelled at shutdown."""
+    task = asyncio.create_task(work)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def dependency_down(what: str) -> Any:

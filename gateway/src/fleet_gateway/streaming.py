@@ -157,53 +157,58 @@ async def follow_live(
     """Log first, then live notices; the log again after any gap, resync or Redis fault."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + deps.max_seconds
+    last_sent = loop.time()
     faults = beats = 0
-    read_log = first = True
+    read_log = check_db = True  # the DB: a Run may have ended without (more) log, e.g. Redis lost it
     # Subscribe before reading the log: an event published in between is then in one or both.
     async with deps.fanout.subscribe(run.id) as queue:
         while not state.finished:
+            out: list[bytes] = []
             if read_log:
                 try:
-                    batch = await event_log.read_all_after(deps.redis, run.id, state.projected_seq)
+                    out = emit(
+                        await event_log.read_all_after(deps.redis, run.id, state.projected_seq), state, cursor
+                    )
                     read_log, faults = False, 0
                 except (RedisError, OSError) as exc:
                     if faults == 0:
                         log.warning("stream.redis_unavailable", run_id=run.id, error_type=type(exc).__name__)
                     faults += 1
-                    batch = []
-                for data in emit(batch, state, cursor):
-                    yield data
-                if not state.finished and (faults or first):
-                    for data in await settled_in_db(deps, run, state, cursor):
-                        yield data
-                first = False
-                if state.finished:
-                    return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+                    check_db = check_db or faults == 1
+            if check_db and not state.finished:
+                out += await settled_in_db(deps, run, state, cursor)
+                check_db = False
+            for data in out:
+                yield data
+                last_sent = loop.time()
+            if state.finished:
                 return
-            wait = (
-                RECONNECT_SECONDS[min(faults, len(RECONNECT_SECONDS)) - 1]
-                if faults
-                else deps.heartbeat_seconds
-            )
+            now = loop.time()
+            if now >= deadline:
+                return
+            wait = deps.heartbeat_seconds - (now - last_sent)
+            if faults:
+                wait = min(wait, reconnect_delay(faults))
             try:
-                notice = await asyncio.wait_for(queue.get(), timeout=min(wait, remaining))
+                notice = await asyncio.wait_for(queue.get(), timeout=max(0.0, min(wait, deadline - now)))
             except TimeoutError:
-                beats += 1
-                yield cursor.control(heartbeat_chunk(state))
                 read_log = True  # cheap, and catches anything a lost notice hid
-                if beats % DB_CHECK_EVERY_BEATS == 0 and not faults:
-                    for data in await settled_in_db(deps, run, state, cursor):
-                        yield data
+                if loop.time() - last_sent >= deps.heartbeat_seconds:
+                    beats += 1
+                    # Every few beats, or every beat while Redis is away: did the Run end meanwhile?
+                    check_db = faults > 0 or beats % DB_CHECK_EVERY_BEATS == 0
+                    yield cursor.control(heartbeat_chunk(state))
+                    last_sent = loop.time()
                 continue
             if isinstance(notice, Closing):
                 return
             if notice is not None and notice.seq == state.projected_seq + 1:
                 for data in emit([notice], state, cursor):
                     yield data
-            else:  # a resync, or a gap: the log has everything in order
+                    last_sent = loop.time()
+            else:  # a resync after the fan-out reconnected, or a gap: read the log, ask the DB
                 read_log = True
+                check_db = check_db or notice is None
 
 
 def reconnect_delay(faults: int) -> float:

@@ -100,6 +100,9 @@ class GatewaySection(Section):
     # An SSE connection ends after this long (the client resumes with Last-Event-ID), so proxies
     # and rolling deploys never wait on a stream forever.
     stream_max_seconds: Annotated[float, msgspec.Meta(ge=10, le=86_400)] = 900
+    # On SIGTERM, open connections (streams included) get this long before the gateway's
+    # processes are killed; clients resume on another gateway.
+    shutdown_grace_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 5
 
 
 class ObservabilitySection(Section):

@@ -82,10 +82,17 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return 2 end
 return 1
 """
 
-# KEYS: lease. ARGV: token, ttl ms. Take a free lease, or keep one already ours.
+# KEYS: lease, fence. ARGV: token (`<attempt>:<owner>`), ttl ms, fence ttl s.
+# The fence remembers the highest attempt that ever held the lease: once a sweeper has taken the
+# Run (attempt + 1), no earlier attempt can take the lease again, even after the sweeper let go.
 TAKE_SCRIPT = """
+local attempt = tonumber(string.match(ARGV[1], '^(%d+):'))
+if tonumber(redis.call('GET', KEYS[2]) or '-1') > attempt then return 0 end
 local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return 0 end
+if holder and holder ~= ARGV[1] then
+  if tonumber(string.match(holder, '^(%d+):') or '-1') >= attempt then return 0 end
+end
+redis.call('SET', KEYS[2], attempt, 'EX', ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
@@ -98,7 +105,7 @@ return 0
 
 
 def lease_token(attempt: int, owner: str) -> str:
-    """Unique per claim: each claim bumps the Run's attempt."""
+    """Unique per claim: each claim bumps the Run's attempt. The TAKE script reads the attempt."""
     return f"{attempt}:{owner}"
 
 
@@ -126,13 +133,11 @@ class RunLog:
         status, last = await self.append_script(keys, args)
         return AppendResult(Appended(int(status)), int(last))
 
-    async def take_lease(self, run_id: str, token: str, ttl_ms: int, *, replace: bool = False) -> bool:
-        """Take the lease if it is free (or already ours); `replace` overwrites any holder (after
-        a DB claim, which makes any earlier holder stale)."""
-        key = redis_keys.run_lease(run_id)
-        if replace:
-            return bool(await self.redis.set(key, token, px=ttl_ms))
-        return bool(await self.take_script([key], [token, ttl_ms]))
+    async def take_lease(self, run_id: str, token: str, ttl_ms: int) -> bool:
+        """Take the lease unless a later (or the same) attempt of another owner holds it or ever
+        held it. An earlier attempt's holder is stale (the DB claim moved on) and is replaced."""
+        keys = [redis_keys.run_lease(run_id), redis_keys.run_fence(run_id)]
+        return bool(await self.take_script(keys, [token, ttl_ms, redis_keys.EVENT_LOG_TTL_SECONDS]))
 
     async def renew_lease(self, run_id: str, token: str, ttl_ms: int) -> LeaseCheck:
         keys = [redis_keys.run_lease(run_id), redis_keys.run_cancel(run_id)]

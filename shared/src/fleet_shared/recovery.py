@@ -5,14 +5,17 @@ Run is recovered even when no worker is alive; one process sweeps per interval (
   under the lease) and settled `worker_lost`; its old owner's late writes are then refused.
 - A queued Run whose arq job vanished (the gateway died before enqueueing, or Redis lost the
   queue) is enqueued again; one that stays lost for `QUEUED_GIVE_UP` is failed `enqueue_lost`.
-- Right after Redis lost its data (it restarted), every lease is missing at once: the sweep then
-  waits twice `lease_seconds`, which lets live workers take their leases back first.
+- When Redis lost its data (a restart) or stopped answering for a while (a stall, a partition
+  from this process), every lease may be missing at once while its owner is fine: the sweep then
+  settles nothing for twice `lease_seconds`, which lets live workers take their leases back.
+- A lost Run whose client had asked to cancel it is settled `cancelled`, not `worker_lost`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -26,10 +29,10 @@ from fleet_shared import redis_keys
 from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Run
 from fleet_shared.event_log import Appended, RunLog, lease_token, read_all_after
-from fleet_shared.events import RunEvent, RunFailed, is_terminal
+from fleet_shared.events import RunCancelled, RunEvent, RunFailed, is_terminal
 from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, ARQ_JOB_PREFIX, ARQ_RESULT_PREFIX
 from fleet_shared.run_state import RunCommand, RunStatus
-from fleet_shared.transcript import fold_parts
+from fleet_shared.transcript import fold_parts, tombstone_parts
 
 log = structlog.get_logger(__name__)
 LOST_MESSAGE = "the worker running this Turn stopped responding; send it again"
@@ -59,7 +62,7 @@ async def append_from(runlog: RunLog, events: list[RunEvent], token: str) -> boo
     return True
 
 
-@dataclass(frozen=True)
+@dataclass
 class Sweeper:
     sessions: async_sessionmaker[AsyncSession]
     redis: Redis
@@ -68,19 +71,42 @@ class Sweeper:
     owner: str  # who sweeps: a gateway or worker process id, part of the lease token
     enqueue: Callable[[str], Awaitable[object]]  # puts the arq job for a run id on the queue
     restart_grace: float | None = None  # default: twice lease_seconds
+    quiet_until: float = 0.0  # loop time before which no lost lease is believed (after a Redis fault)
 
     @property
     def lease_ms(self) -> int:
         return int(self.lease_seconds * 1000)
 
+    @property
+    def grace(self) -> float:
+        return 2 * self.lease_seconds if self.restart_grace is None else self.restart_grace
+
     async def run_forever(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
             try:
-                if await self.redis.set(redis_keys.sweeper(), self.owner, px=int(interval * 1000), nx=True):
+                async with self.timed_redis():
+                    leader = await self.redis.set(
+                        redis_keys.sweeper(), self.owner, px=int(interval * 1000), nx=True
+                    )
+                if leader:
                     await self.sweep()
             except (RedisError, OSError, SQLAlchemyError) as exc:
                 log.warning("sweep.failed", error_type=type(exc).__name__, error=str(exc))
+
+    @contextlib.asynccontextmanager
+    async def timed_redis(self) -> AsyncIterator[None]:
+        """A Redis call that fails, or takes longer than a lease renewal, means the owners could
+        not renew either: believe no missing lease for a grace period."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            yield
+        except (RedisError, OSError):
+            self.quiet_until = loop.time() + self.grace
+            raise
+        if loop.time() - started > self.lease_seconds / 3:
+            self.quiet_until = loop.time() + self.grace
 
     async def sweep(self) -> int:
         """One sweep. Returns how many Runs it settled or re-enqueued."""
@@ -91,12 +117,14 @@ class Sweeper:
         cutoff = datetime.now(UTC) - timedelta(seconds=self.lease_seconds)
         async with self.sessions() as db:
             candidate_ids = await runs.stale_active_run_ids(db, started_before=cutoff)
-        if not candidate_ids or await self.redis_recently_restarted():
+        if not candidate_ids or self.quiet() or await self.redis_recently_restarted():
             return 0
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self.timed_redis(), self.redis.pipeline(transaction=False) as pipe:
             for run_id in candidate_ids:
                 pipe.exists(redis_keys.run_lease(run_id))
             leased = await pipe.execute()
+        if self.quiet():
+            return 0
         lost_ids = [run_id for run_id, held in zip(candidate_ids, leased, strict=True) if not held]
         async with self.sessions() as db:
             lost = await runs.get_runs(db, lost_ids[:REAP_BATCH])
@@ -110,15 +138,18 @@ class Sweeper:
                 log.error("sweep.run_failed", run_id=run.id, error_type=type(exc).__name__, exc_info=exc)
         return settled
 
+    def quiet(self) -> bool:
+        return asyncio.get_running_loop().time() < self.quiet_until
+
     async def redis_recently_restarted(self) -> bool:
-        grace = 2 * self.lease_seconds if self.restart_grace is None else self.restart_grace
-        if grace <= 0:
+        if self.grace <= 0:
             return False
         info = await self.redis.info("server")
-        return int(info.get("uptime_in_seconds", 0)) < grace
+        return int(info.get("uptime_in_seconds", 0)) < self.grace
 
     async def settle_lost_run(self, run: Run) -> int:
-        """Take the lease, then the Run (attempt + 1), then settle it `worker_lost`."""
+        """Take the lease, then the Run (attempt + 1), then settle it `worker_lost` (or
+        `cancelled`, when its client had asked for that)."""
         token = lease_token(run.attempt + 1, self.owner)
         if not await self.runlog.take_lease(run.id, token, self.lease_ms):
             return 0  # its worker took the lease back, or another sweeper is on it
@@ -130,31 +161,13 @@ class Sweeper:
                 await self.publish_committed(run.id, token)
                 return 0
             logged = [e for e in await read_all_after(self.redis, run.id, 0) if not is_terminal(e)]
-            terminal = RunFailed(
-                run_id=run.id,
-                seq=(logged[-1].seq if logged else 0) + 1,
-                code="worker_lost",
-                message=LOST_MESSAGE,
-            )
-            events = [*logged, terminal]
-            settlement = runs.Settlement(
-                run_id=run.id,
-                session_id=run.session_id,
-                attempt=run.attempt + 1,
-                current=RunStatus(run.status),
-                command=RunCommand.FAIL,
-                sequence=run.user_sequence + 1,
-                parts=fold_parts(events),
-                turn_status="failed",
-                events=events,
-                failure_code="worker_lost",
-                failure_message=LOST_MESSAGE,
-            )
+            cancelled = bool(await self.redis.exists(redis_keys.run_cancel(run.id)))
+            settlement = lost_run_settlement(run, logged, cancelled=cancelled)
             async with self.sessions() as db:
                 if not await runs.commit_settlement(db, settlement):
                     return 0
-            await append_from(self.runlog, events, token)
-            log.warning("sweep.settled_lost_run", run_id=run.id, attempt=run.attempt + 1)
+            await append_from(self.runlog, settlement.events, token)
+            log.warning("sweep.settled_lost_run", run_id=run.id, attempt=run.attempt + 1, cancelled=cancelled)
             return 1
         finally:
             await self.runlog.release_lease(run.id, token)
@@ -196,6 +209,30 @@ class Sweeper:
         await publish_ending(self.runlog, terminal, self.owner, self.lease_ms)
         log.warning("sweep.failed_lost_job", run_id=run_id)
         return 1
+
+
+def lost_run_settlement(run: Run, logged: list[RunEvent], *, cancelled: bool) -> runs.Settlement:
+    """How a Run whose worker is gone ends: with what its log holds, at the sweeper's attempt."""
+    seq = (logged[-1].seq if logged else 0) + 1
+    terminal: RunEvent
+    if cancelled:
+        terminal = RunCancelled(run_id=run.id, seq=seq)
+    else:
+        terminal = RunFailed(run_id=run.id, seq=seq, code="worker_lost", message=LOST_MESSAGE)
+    events = [*logged, terminal]
+    return runs.Settlement(
+        run_id=run.id,
+        session_id=run.session_id,
+        attempt=run.attempt + 1,
+        current=RunStatus(run.status),
+        command=RunCommand.CANCEL if cancelled else RunCommand.FAIL,
+        sequence=run.user_sequence + 1,
+        parts=tombstone_parts(None) if cancelled else fold_parts(events),
+        turn_status="cancelled" if cancelled else "failed",
+        events=events,
+        failure_code=None if cancelled else "worker_lost",
+        failure_message=None if cancelled else LOST_MESSAGE,
+    )
 
 
 async def publish_ending(runlog: RunLog, terminal: RunEvent, owner: str, lease_ms: int) -> bool:

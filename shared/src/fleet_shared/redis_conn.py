@@ -1,4 +1,4 @@
-"""Redis clients that ride out a brief outage: commands retry with backoff across a restart."""
+"""Redis clients: commands that ride out a brief outage, and listeners that wait as long as needed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 
-RETRY_ON = [ConnectionError, TimeoutError, ConnectionResetError, ConnectionRefusedError]
+# What a retry helps with: the server restarting (refused, reset). A server that hangs is a
+# timeout; retrying that only multiplies the wait, so request paths retry connection errors only.
+RETRY_ON_CONNECTION = [ConnectionError, ConnectionResetError, ConnectionRefusedError]
+RETRY_ON = [*RETRY_ON_CONNECTION, TimeoutError]
 CONNECT_TIMEOUT_SECONDS = 2
+COMMAND_TIMEOUT_SECONDS = 5.0
 
 
 def retry_policy(retries: int) -> Retry:
@@ -16,12 +20,29 @@ def retry_policy(retries: int) -> Retry:
     return Retry(ExponentialBackoff(cap=1.0, base=0.05), retries)
 
 
-def connect(url: str, *, retries: int = 8) -> Redis:
-    """A client whose commands survive a Redis restart of a few seconds (8 retries ≈ 4.5 s)."""
+def connect(
+    url: str,
+    *,
+    retries: int = 8,
+    timeout: float = COMMAND_TIMEOUT_SECONDS,
+    retry_timeouts: bool = True,
+) -> Redis:
+    """A client for commands: none waits on a hung server longer than `timeout`, and a restart of
+    a few seconds goes unnoticed (8 retries: about 4.5 s)."""
     client: Redis = Redis.from_url(
         url,
         socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        socket_timeout=timeout,
         retry=retry_policy(retries),
-        retry_on_error=list(RETRY_ON),
+        retry_on_error=list(RETRY_ON if retry_timeouts else RETRY_ON_CONNECTION),
+    )
+    return client
+
+
+def listener(url: str) -> Redis:
+    """A client for pub/sub: reads wait for the next message however long that takes (a command
+    timeout would end an idle subscription); keepalive finds a dead peer."""
+    client: Redis = Redis.from_url(
+        url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS, socket_keepalive=True, health_check_interval=30
     )
     return client

@@ -35,6 +35,11 @@ def run_lease(run_id: str) -> str:
     return f"{PREFIX}:run:{{{run_id}}}:lease"
 
 
+def run_fence(run_id: str) -> str:
+    """The highest attempt that ever held the Run's lease; an earlier one can never take it again."""
+    return f"{PREFIX}:run:{{{run_id}}}:fence"
+
+
 def run_cancel(run_id: str) -> str:
     """Set when a client asks to cancel a running Run; the owner sees it when it renews."""
     return f"{PREFIX}:run:{{{run_id}}}:cancel"

@@ -21,7 +21,7 @@ from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.event_log import RunLog
 from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
 from fleet_shared.recovery import Sweeper
-from fleet_shared.redis_conn import RETRY_ON, connect, retry_policy
+from fleet_shared.redis_conn import RETRY_ON, connect, listener, retry_policy
 from fleet_worker.control import CancelListener
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
@@ -84,7 +84,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
     async def startup(ctx: dict[str, Any]) -> None:
         engine = create_engine(settings.database_url)
         redis = connect(settings.redis_url)
-        cancels = CancelListener(redis)
+        cancels = CancelListener(redis, listener(settings.redis_url))
         cancels.start()
         ctx["engine"] = engine
         ctx["deps"] = deps = WorkerDeps(
@@ -116,6 +116,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         deps: WorkerDeps | None = ctx.get("deps")
         if deps is not None:
             await deps.cancels.stop()
+            await deps.cancels.listener.aclose()
             await deps.redis.aclose()
             deps.programs.shutdown(wait=False, cancel_futures=True)
             deps.sandbox_ops.shutdown(wait=False)

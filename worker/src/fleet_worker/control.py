@@ -24,8 +24,9 @@ MAX_RETRY_SECONDS = 5.0
 
 
 class CancelListener:
-    def __init__(self, redis: Redis) -> None:
-        self.redis = redis
+    def __init__(self, redis: Redis, listener: Redis) -> None:
+        self.redis = redis  # commands (with retries)
+        self.listener = listener  # the subscription (reads wait as long as it takes)
         self.watchers: dict[str, Callable[[], None]] = {}
         self.task: asyncio.Task[None] | None = None
 
@@ -47,6 +48,14 @@ class CancelListener:
             self.watchers.pop(run_id, None)
 
     async def check_flags(self, run_ids: list[str]) -> None:
+        """Notify the watchers of Runs whose cancel flag is set; quietly nothing if Redis is away
+        (each lease renewal reads the flag again)."""
+        try:
+            await self.notify_flagged(run_ids)
+        except (RedisError, OSError) as exc:
+            log.warning("cancel_listener.check_failed", error_type=type(exc).__name__)
+
+    async def notify_flagged(self, run_ids: list[str]) -> None:
         if not run_ids:
             return
         flags = await self.redis.exists(*(redis_keys.run_cancel(r) for r in run_ids))
@@ -64,9 +73,9 @@ class CancelListener:
     async def listen_forever(self) -> None:
         delay = MIN_RETRY_SECONDS
         while True:
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.listener.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(control_channel(self.redis))
+                await pubsub.subscribe(control_channel(self.listener))
                 delay = MIN_RETRY_SECONDS
                 await self.check_flags(list(self.watchers))  # what we missed while away
                 async for message in pubsub.listen():

@@ -2,8 +2,9 @@
 
 - If the worker dies (even by SIGKILL) the key lapses within `worker.lease_seconds`, and a
   sweeper (in any worker or gateway) takes the lease, then the Run, and settles it `worker_lost`.
-- If the key vanished because Redis lost its data (a restart), the owner takes it back, but
-  only while the DB still says the Run is its own (same attempt, still running).
+- If the key vanished (Redis lost its data, or stalled past the TTL), the owner takes it back, but
+  only while the DB still names its attempt, and only if no later attempt ever held the lease
+  (the TAKE script's fence): a sweeper that took the Run over can never be undone.
 - If someone else holds it, this worker was swept: `lost` is set and the Turn must stop.
 - Each renewal also reads the Run's cancel flag, so a cancel is seen within a third of a TTL
   even if its pub/sub notice was missed: `cancel_requested` is set.
@@ -44,10 +45,19 @@ class RunLease:
         self.cancel_requested = asyncio.Event()
         self.checking = asyncio.Lock()  # the renewer and the event sink may both ask at once
         self.renewer: asyncio.Task[None] | None = None
+        self.on_regained: Callable[[], None] = lambda: None  # the event sink refills the log
 
     async def __aenter__(self) -> RunLease:
-        # The DB claim (attempt + 1) already made this worker the owner: any earlier holder is stale.
-        await self.runlog.take_lease(self.run_id, self.token, self.ttl_ms, replace=True)
+        # The DB claim (attempt + 1) made this worker the owner; an earlier holder is stale. If the
+        # take fails, a sweeper already took the Run over while this claim was slow: stop at once.
+        try:
+            if not await self.runlog.take_lease(self.run_id, self.token, self.ttl_ms):
+                log.warning("lease.taken_before_start")
+                self.lost.set()
+        except (RedisError, OSError) as exc:
+            # Redis is away: the renewer takes the lease as soon as it is back (a sweeper could
+            # not take the Run meanwhile either), and the event sink holds the events till then.
+            log.warning("lease.not_taken_yet", error_type=type(exc).__name__)
         self.renewer = asyncio.create_task(self.renew_forever(), name=f"fleet-lease-{self.run_id}")
         return self
 
@@ -97,5 +107,6 @@ class RunLease:
         """Raises if the DB cannot say whose the Run is; so could no sweeper, which needs it too."""
         if await self.still_ours() and await self.runlog.take_lease(self.run_id, self.token, self.ttl_ms):
             log.warning("lease.taken_back")
+            self.on_regained()
             return True
         return False

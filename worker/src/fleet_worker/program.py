@@ -97,7 +97,9 @@ async def wait_for_program(
     lost: asyncio.Future[object] = asyncio.ensure_future(lease.lost.wait())
     try:
         started: asyncio.Future[object] = asyncio.ensure_future(run.started.wait())
-        await asyncio.wait({started, cancel, lost}, return_when=asyncio.FIRST_COMPLETED)
+        # Waiting for a free thread (one still held by a program that ignores its stop) is bounded
+        # by the Turn's timeout too, though the clock proper starts when the program does.
+        await asyncio.wait({started, cancel, lost}, timeout=turn_seconds, return_when=asyncio.FIRST_COMPLETED)
         started.cancel()
         if run.started.is_set():
             remaining = run.started_at + turn_seconds - asyncio.get_running_loop().time()
@@ -117,12 +119,16 @@ async def wait_for_program(
     await stop_program(run, sink, sandbox_ops, STOP_GRACE_SECONDS)
     if lease.lost.is_set():
         raise LeaseLost("this worker lost the Turn's lease; another process settled it")
+    if not run.started.is_set():
+        raise TurnTimedOut(f"no program thread came free within {turn_seconds:g} s")
     raise TurnTimedOut(f"the Turn exceeded runtime.turn_timeout_seconds ({turn_seconds:g} s)")
 
 
 async def stop_program(run: ProgramRun, sink: EventSink, sandbox_ops: Executor, grace: float) -> None:
     """Stop at the next boundary, kill the running cell, then wait a little for the thread."""
     run.stop.set()
+    if not run.started.is_set():
+        run.future.cancel()  # still waiting for a thread: it never starts
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(sandbox_ops, run.sandbox.interrupt)
     await asyncio.wait({run.future}, timeout=grace)

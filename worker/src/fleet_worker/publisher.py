@@ -38,6 +38,13 @@ class EventSink:
         self.idle = asyncio.Event()  # set when the terminal is published, or publishing stopped
         self.loop = asyncio.get_running_loop()
         self.task = asyncio.create_task(self.publish_forever(), name=f"fleet-events-{run_id}")
+        lease.on_regained = self.refill
+
+    def refill(self) -> None:
+        """The lease was taken back (Redis lost it, maybe with the log): send the last event again,
+        which finds the log intact (a duplicate) or reports where it ends (a gap) and refills it."""
+        self.published = max(0, self.published - 1)
+        self.wakeup.set()
 
     def emit_threadsafe(self, event: RunEvent) -> None:
         """Called from the RLM's thread."""

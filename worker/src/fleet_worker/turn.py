@@ -21,10 +21,10 @@ from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Session
 from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import Answer, StatusChanged
-from fleet_shared.run_state import ACTIVE_STATUSES, RunCommand, RunStatus
+from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker.control import CancelListener
-from fleet_worker.errors import SandboxFailed, TurnCancelled
+from fleet_worker.errors import LeaseLost, SandboxFailed, TurnCancelled
 from fleet_worker.lease import RunLease
 from fleet_worker.lm.script import Script
 from fleet_worker.outcome import SHUTDOWN_OUTCOME, Outcome, failure_outcome, terminal_event, usage_event
@@ -135,9 +135,11 @@ async def hold(deps: WorkerDeps, claim: Claim, cleanup: AsyncExitStack) -> Turn:
     """The lease (released last), the cancel watch and the event sink, for the Turn's lifetime."""
 
     async def still_ours() -> bool:
+        # Only a claim bumps the attempt: the same attempt means nobody took the Run over (and a
+        # terminal Run at our attempt is our own commit, whose ending we still have to publish).
         async with deps.sessions() as db:
             run = await queries.get_run(db, claim.run_id)
-        return run is not None and run.attempt == claim.attempt and RunStatus(run.status) in ACTIVE_STATUSES
+        return run is not None and run.attempt == claim.attempt
 
     token = lease_token(claim.attempt, deps.worker_id)
     seconds = deps.settings.profile.worker.lease_seconds
@@ -151,6 +153,8 @@ async def hold(deps: WorkerDeps, claim: Claim, cleanup: AsyncExitStack) -> Turn:
 
 async def prepare_and_execute(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Outcome:
     try:
+        if turn.lease.lost.is_set():
+            raise LeaseLost("a sweep took the Run over before this worker could start it")
         request, history, sandbox = await prepare(deps, turn, cleanup)
         return await execute(deps, turn, request, history, sandbox)
     except Exception as exc:

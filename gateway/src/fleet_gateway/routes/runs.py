@@ -9,16 +9,14 @@ from litestar import Controller, Response, get, put
 from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter
 from litestar.response import Stream
-from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.cancellation import request_cancellation
 from fleet_gateway.errors import ApiError, not_found
-from fleet_gateway.frames import START, WHOLE_EVENT, parse_last_event_id
+from fleet_gateway.frames import START, parse_last_event_id
 from fleet_gateway.schemas import CancellationOut, RunOut
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
-from fleet_shared import redis_keys
 from fleet_shared.db import queries
 from fleet_shared.db.models import Run
 from fleet_shared.ids import parse_uuid
@@ -59,7 +57,8 @@ class RunController(Controller):
         run_id: FromPath[str],
         last_event_id: LastEventId = None,
     ) -> Stream | Response[None]:
-        after = START if last_event_id is None else parse_last_event_id(last_event_id)
+        # No header, or an empty one (EventSource sends none before its first id): from the start.
+        after = START if not (last_event_id or "").strip() else parse_last_event_id(last_event_id or "")
         if after is None:
             raise ApiError(422, "validation_error", "Last-Event-ID must be a frame id of this stream")
         run = await find_run(db, run_id)
@@ -68,7 +67,7 @@ class RunController(Controller):
         view = RunView.of(run)
         settled = is_terminal(run.status)
         await db.close()  # the stream may be long: hold no DB connection while it runs
-        if after.seq > await last_known_seq(gw, run, settled):
+        if settled and after.seq > run.last_seq:  # an active Run may still get there
             raise ApiError(422, "validation_error", "Last-Event-ID is past the end of this Run's stream")
         body = stream_run(gw.stream_deps, view, delivery="resume", from_db=settled, after=after)
         return Stream(body, media_type="text/event-stream", headers={**SSE_HEADERS, "X-Fleet-Run-ID": run.id})
@@ -81,14 +80,3 @@ class RunController(Controller):
         if run is None:
             raise not_found("run")
         return CancellationOut(run.id, await request_cancellation(gw, db, run))
-
-
-async def last_known_seq(gw: GatewayState, run: Run, settled: bool) -> int:
-    """The highest seq a client of this Run can have seen (a bound for Last-Event-ID)."""
-    if settled:
-        return run.last_seq
-    try:
-        tail = await gw.arq.xrevrange(redis_keys.run_events(run.id), count=1)
-    except (RedisError, OSError):
-        return WHOLE_EVENT  # cannot tell now; the stream sorts it out
-    return int(tail[0][0].split(b"-", 1)[0]) if tail else 0

@@ -1,0 +1,62 @@
+"""The fenced Redis writes on a real Redis: who may hold a Run's lease, and who may append."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from fleet_shared import redis_keys
+from fleet_shared.event_log import Appended, LeaseCheck, RunLog, lease_token, read_all_after
+from fleet_shared.events import Reasoning
+from fleet_shared.ids import new_id
+
+TTL = 60_000
+
+
+def event(run_id: str, seq: int) -> Reasoning:
+    return Reasoning(run_id=run_id, seq=seq, part_id=f"r{seq}", text=f"thought {seq}")
+
+
+async def test_who_may_take_a_lease(redis_client: aioredis.Redis) -> None:
+    runlog, run_id = RunLog(redis_client), new_id()
+    worker, rival, sweeper = lease_token(1, "w1"), lease_token(1, "w2"), lease_token(2, "sweeper")
+    assert await runlog.take_lease(run_id, worker, TTL)
+    assert await runlog.take_lease(run_id, worker, TTL)  # already ours: kept
+    assert not await runlog.take_lease(run_id, rival, TTL)  # the same attempt, another owner
+    assert await runlog.take_lease(run_id, sweeper, TTL)  # a later attempt replaces an earlier one
+    await runlog.release_lease(run_id, sweeper)
+    assert not await redis_client.exists(redis_keys.run_lease(run_id))
+    # The sweeper let go, but attempt 1 is over for good: a zombie cannot take the lease back.
+    assert not await runlog.take_lease(run_id, worker, TTL)
+
+
+async def test_a_slow_claim_cannot_overwrite_a_take_over(redis_client: aioredis.Redis) -> None:
+    """The worker's claim committed, but its first lease write came after a sweep took the Run."""
+    runlog, run_id = RunLog(redis_client), new_id()
+    assert await runlog.take_lease(run_id, lease_token(2, "sweeper"), TTL)
+    assert not await runlog.take_lease(run_id, lease_token(1, "slow-worker"), TTL)
+    assert await redis_client.get(redis_keys.run_lease(run_id)) == b"2:sweeper"
+
+
+async def test_only_the_holder_appends_and_only_the_next_seq(redis_client: aioredis.Redis) -> None:
+    runlog, run_id = RunLog(redis_client), new_id()
+    holder = lease_token(1, "w1")
+    assert (await runlog.append(event(run_id, 1), holder)).status is Appended.FENCED  # no lease yet
+    assert await runlog.take_lease(run_id, holder, TTL)
+    assert (await runlog.append(event(run_id, 1), holder)).status is Appended.APPENDED
+    assert (await runlog.append(event(run_id, 1), holder)).status is Appended.DUPLICATE
+    gap = await runlog.append(event(run_id, 3), holder)
+    assert (gap.status, gap.last_seq) == (Appended.GAP, 1)
+    assert (await runlog.append(event(run_id, 2), lease_token(1, "other"))).status is Appended.FENCED
+    assert (await runlog.append(event(run_id, 2), holder)).status is Appended.APPENDED
+    assert [e.seq for e in await read_all_after(redis_client, run_id, 0)] == [1, 2]
+
+
+async def test_renewal_reports_the_lease_and_the_cancel_flag(redis_client: aioredis.Redis) -> None:
+    runlog, run_id = RunLog(redis_client), new_id()
+    holder = lease_token(1, "w1")
+    assert await runlog.renew_lease(run_id, holder, TTL) is LeaseCheck.MISSING
+    assert await runlog.take_lease(run_id, holder, TTL)
+    assert await runlog.renew_lease(run_id, holder, TTL) is LeaseCheck.HELD
+    assert await runlog.renew_lease(run_id, lease_token(1, "w2"), TTL) is LeaseCheck.TAKEN
+    await redis_client.set(redis_keys.run_cancel(run_id), "1")
+    assert await runlog.renew_lease(run_id, holder, TTL) is LeaseCheck.CANCEL_REQUESTED
