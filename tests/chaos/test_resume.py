@@ -14,7 +14,7 @@ pytestmark = pytest.mark.chaos
 SCRIPT = script_text(
     {"lm": "root", "reasoning": "first look", "code": "print('one')", "delay_s": 0.2},
     {"lm": "root", "reasoning": "second look", "code": "print('two')", "delay_s": 1.5},
-    {"lm": "root", "reasoning": "third look", "code": "print('three')", "delay_s": 6},
+    {"lm": "root", "reasoning": "third look", "code": "print('three')", "delay_s": 60},
     {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='resumed')"},
 )
 
@@ -42,8 +42,14 @@ def test_sigkill_the_gateway_mid_event_then_resume_on_another(cluster_factory: C
 
     second = cluster.start_gateway()  # started after the Run began
     assert wait_for_run(second, run_id, lambda r: r["status"] == "running")
-    resumed = resume(second, run_id, last_id).finish()
-    assert resumed.status == 200 and resumed.types[-2:] == ["finish", "[DONE]"]
+    resumed = resume(second, run_id, last_id)
+    # The log part: the rest of the cut event and the second step; then the Run is live (the
+    # third step "thinks" for 60 s), and a cancel ends it while this stream follows it.
+    resumed.wait_for(lambda f: f.type == "tool-output-available" and "two" in f.data)
+    with second.client() as client:
+        assert client.put(f"/api/runs/{run_id}/cancellation").json()["state"] == "requested"
+    resumed.finish()
+    assert resumed.status == 200 and resumed.types[-2:] == ["abort", "[DONE]"]
     start = resumed.chunks[0]
     assert start["type"] == "start" and start["messageMetadata"]["delivery"] == "resume"
     assert resumed.content[0][0] == last_id.rsplit(".", 1)[0] + ".2"  # the very next chunk
