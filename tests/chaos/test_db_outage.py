@@ -91,3 +91,52 @@ def test_every_route_answers_503_while_the_db_is_down(
         again.headers is not None
         and run_of(gateway, again.headers["x-fleet-run-id"])["status"] == "completed"
     )
+
+
+def set_read_only(server: PostgresServer, database: str, read_only: bool) -> None:
+    """A failover as clients see it: the database takes no more writes, existing sessions end."""
+    import asyncio
+
+    import asyncpg
+
+    async def apply() -> None:
+        conn = await asyncpg.connect(server.admin_dsn)
+        try:
+            flag = "on" if read_only else "off"
+            await conn.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = {flag}')
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", database
+            )
+        finally:
+            await conn.close()
+
+    asyncio.run(apply())
+
+
+def test_a_read_only_database_is_an_outage_not_a_failure(
+    cluster_factory: ClusterFactory, chaos_postgres: PostgresServer
+) -> None:
+    cluster = cluster_factory(SCRIPT)
+    database = cluster.database_url.rsplit("/", 1)[1]
+    gateway = cluster.start_gateway()
+    cluster.start_worker()
+    session_id = new_session(gateway)
+    stream = post_turn(gateway, session_id, "failover", "ro-1")
+    stream.wait_for(lambda f: f.type == "finish-step")
+    assert stream.headers is not None
+    run_id = stream.headers["x-fleet-run-id"]
+    set_read_only(chaos_postgres, database, True)
+    try:
+        stream.wait_for(lambda f: f.type == "data-status" and '"settling"' in f.data, timeout=30)
+        with gateway.client() as client:
+            create = client.post("/api/sessions", json={})
+            ready = client.get("/ready")
+        time.sleep(5)  # the worker keeps retrying its commit meanwhile
+    finally:
+        set_read_only(chaos_postgres, database, False)
+    assert (create.status_code, create.json()["code"]) == (503, "service_unavailable")
+    assert ready.status_code == 503 and ready.json()["checks"]["database"].startswith("read-only")
+    stream.finish(timeout=60)
+    assert stream.types[-2:] == ["finish", "[DONE]"], stream.types
+    run = run_of(gateway, run_id)
+    assert (run["status"], run["attempt"]) == ("completed", 1)

@@ -150,3 +150,34 @@ def test_a_hung_redis_at_post_is_a_quick_503(
     assert took < 10 and history == []
     again = post_turn(gateway, session_id, "hi", "hung").finish()
     assert again.types[-2:] == ["finish", "[DONE]"]
+
+
+def test_after_a_long_redis_outage_new_turns_start_at_once(
+    cluster_factory: ClusterFactory, chaos_redis: RedisServer
+) -> None:
+    """Redis is away for 25 s (longer than arq's own retries) while a long Turn runs: once Redis
+    is back, a new Turn starts within seconds, not when the long one ends."""
+    script = script_text(
+        {"lm": "root", "reasoning": "look", "code": "print('a')"},
+        {"lm": "root", "reasoning": "think", "code": "print('b')", "delay_s": 60},
+        {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='late')"},
+    )
+    cluster = cluster_factory(script)
+    gateway = cluster.start_gateway()
+    worker = cluster.start_worker(concurrency=2)
+    long = post_turn(gateway, new_session(gateway), "long", "long-1")
+    long.wait_for(lambda f: f.type == "finish-step")
+    chaos_redis.kill()
+    time.sleep(25)
+    chaos_redis.start()
+    back = time.monotonic()
+    fresh = post_turn(gateway, new_session(gateway), "fresh", "fresh-1")
+    fresh.wait_for(lambda f: f.type == "start-step", timeout=60)  # a worker runs it
+    started_after = time.monotonic() - back
+    assert started_after < 15, started_after
+    assert worker.popen.poll() is None  # the same worker process, still serving
+    for stream in (long, fresh):
+        assert stream.headers is not None
+        with gateway.client() as client:
+            client.put(f"/api/runs/{stream.headers['x-fleet-run-id']}/cancellation")
+        assert stream.finish(timeout=30).types[-2:] == ["abort", "[DONE]"]

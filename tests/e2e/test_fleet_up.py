@@ -103,6 +103,19 @@ def test_fleet_up_serves_a_turn_and_stops_cleanly(
         assert len(turns) == 2
         assert (newcomer_dir / ".fleet" / "fleet.db").is_file()
         assert oct((newcomer_dir / ".fleet" / "fleet.db").stat().st_mode & 0o777) == "0o600"
+        # The private Redis dies: fleet up brings it back, and Turns run again.
+        server = "valkey-server" if redis_source == "wheel" else "redis-server"
+        (redis_pid,) = [pid for pid in tree if pid_alive(pid) and comm(pid) == server]
+        os.kill(redis_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+            comm(pid) == server for pid in descendants(proc.pid) - {redis_pid} if pid_alive(pid)
+        ):
+            time.sleep(0.1)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            session_id = client.post("/api/sessions", json={"title": "after"}).json()["id"]
+            again = post_turn(client, session_id, "hello again", "n-2")
+        assert again.chunks[-1]["finishReason"] == "stop", again.types
         everything = tree | descendants(proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)  # what Ctrl-C does
@@ -113,6 +126,13 @@ def test_fleet_up_serves_a_turn_and_stops_cleanly(
     while time.monotonic() < deadline and any(pid_alive(pid) for pid in everything):
         time.sleep(0.1)
     assert not [pid for pid in everything if pid_alive(pid)], "fleet up left processes behind"
+
+
+def comm(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def pid_alive(pid: int) -> bool:

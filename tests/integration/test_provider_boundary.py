@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from fleet_shared.config import load_settings
@@ -29,6 +30,7 @@ class FakeProvider:
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     url: str = ""
+    status: int = 200  # anything else answers with an OpenAI-style error body
 
 
 @pytest.fixture
@@ -41,6 +43,11 @@ def provider() -> Iterator[FakeProvider]:
             fake.requests.append({"path": self.path, **body})
             fake.headers.append({k.lower(): v for k, v in self.headers.items()})
             text = fake.replies.pop(0) if fake.replies else "out of replies"
+            if fake.status != 200:
+                message = "Incorrect API key sk-boundary-test-key; set OPENAI_API_KEY (operator hint)"
+                error = {"error": {"message": message, "type": "invalid_request_error"}}
+                self.reply(fake.status, json.dumps(error).encode())
+                return
             payload = json.dumps(
                 {
                     "id": "chatcmpl-test",
@@ -57,7 +64,10 @@ def provider() -> Iterator[FakeProvider]:
                     "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
                 }
             ).encode()
-            self.send_response(200)
+            self.reply(200, payload)
+
+        def reply(self, status: int, payload: bytes) -> None:
+            self.send_response(status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(payload)))
             self.end_headers()
@@ -141,3 +151,30 @@ def test_a_whole_rlm_turn_runs_on_the_provider_path(provider: FakeProvider, redi
     assert [r["model"] for r in provider.requests] == ["boundary-model"] * 3
     assert all(h["authorization"] == f"Bearer {API_KEY}" for h in provider.headers)
     assert not any(API_KEY in repr(event) for event in events)
+
+
+@pytest.mark.parametrize("credentials_in_url", [False, True])
+def test_a_provider_error_shows_users_a_code_not_the_providers_text(
+    provider: FakeProvider, redis_url: str, credentials_in_url: bool
+) -> None:
+    """A 401 from the provider, or a base URL with credentials in it: the failure a user sees
+    names DSPy's code (and the status), never the provider's text or the URL's password."""
+    from fleet_worker.outcome import failure_outcome
+
+    settings = local_profile(provider, redis_url)
+    base_url = provider.url
+    if credentials_in_url:
+        base_url = base_url.replace("http://", "http://proxyuser:PROXY-PASSWORD-xyz@")
+    lm_settings = msgspec.structs.replace(settings.root_lm, base_url=base_url, num_retries=0)
+    provider.status = 401
+    lm = dspy_adapter.build_lm(lm_settings, "root", None, threading.Event())
+    with pytest.raises(Exception) as raised:
+        lm("ping")
+    assert dspy_adapter.is_lm_error(raised.value)
+    outcome = failure_outcome(raised.value)
+    message = outcome.failure_message or ""
+    assert outcome.failure_code == "lm_error" and message.startswith("the LM call failed (")
+    if not credentials_in_url:
+        assert "HTTP 401" in message
+    for leak in ("PROXY-PASSWORD", "proxyuser", API_KEY, "OPENAI_API_KEY", "Incorrect"):
+        assert leak not in message

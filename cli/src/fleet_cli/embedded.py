@@ -51,6 +51,7 @@ class Child:
 class Stack:
     children: list[Child] = field(default_factory=list)
     redis: Child | None = None
+    redis_argv: list[str] = field(default_factory=list)
     stopping: bool = False
     drain_seconds: float = 0.0
 
@@ -123,14 +124,21 @@ def start_private_redis(stack: Stack, data_dir: Path) -> str:
         port = free_port()
         argv += ["--port", str(port), "--bind", "127.0.0.1", "--requirepass", password]
         url = f"redis://:{password}@127.0.0.1:{port}/0"
+    stack.redis_argv = argv
     stack.redis = stack.spawn("redis", argv, dict(os.environ), log=data_dir / "redis.log")
+    wait_for_redis(stack, url, data_dir)
+    return url
+
+
+def wait_for_redis(stack: Stack, url: str, data_dir: Path) -> None:
+    assert stack.redis is not None
     client = redis.Redis.from_url(url)
     deadline = time.monotonic() + 10
     while True:
         try:
             client.ping()
             client.close()
-            return url
+            return
         except (redis.RedisError, OSError):
             if time.monotonic() > deadline or not stack.redis.alive():
                 raise RuntimeError(f"the private Redis did not start; see {data_dir / 'redis.log'}") from None
@@ -218,6 +226,7 @@ def supervise(stack: Stack, settings: Settings, data_dir: Path, *, host: str, po
     env["FLEET_CONFIG"] = str(settings.config_path.resolve())
     if not os.environ.get("FLEET_REDIS_URL"):
         env["FLEET_REDIS_URL"] = start_private_redis(stack, data_dir)
+    redis_url = env["FLEET_REDIS_URL"]
     if not os.environ.get("FLEET_DATABASE_URL"):
         env["FLEET_DATABASE_URL"] = settings.database_url
         migrate.upgrade(settings.database_url)  # the embedded SQLite only; never a given DB
@@ -245,5 +254,13 @@ def supervise(stack: Stack, settings: Settings, data_dir: Path, *, host: str, po
                     file=sys.stderr,
                 )
                 return 1
+        if stack.redis is not None and not stack.redis.alive():
+            # The gateway and workers ride out a short outage: bring the private Redis back.
+            print(
+                f"fleet: the private Redis exited with {stack.redis.process.returncode}; restarting it",
+                file=sys.stderr,
+            )
+            stack.redis = stack.spawn("redis", stack.redis_argv, dict(os.environ), log=data_dir / "redis.log")
+            wait_for_redis(stack, redis_url, data_dir)
         time.sleep(0.2)
     return 0

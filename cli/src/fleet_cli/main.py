@@ -7,8 +7,8 @@ import asyncio
 import ipaddress
 import os
 import sys
-import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 from redis.exceptions import RedisError
@@ -130,29 +130,50 @@ def run_worker(concurrency: int | None, burst: bool) -> int:
     from fleet_worker.app import build_worker
     from fleet_worker.sandbox.errors import SandboxUnavailable
 
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # arq's Worker binds the current loop and its signal handlers
+    try:
+        worker = build_worker(settings, burst=burst)
+    except SandboxUnavailable as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return 2
+    stop_signals: list[object] = []
+    worker.on_stop = stop_signals.append
+    try:
+        loop.run_until_complete(serve_through_outages(worker, stop_signals))
+    finally:
+        loop.run_until_complete(close_worker(worker))
+    return 0
+
+
+async def serve_through_outages(worker: Any, stop_signals: list[object]) -> None:
+    """arq's poll loop, started again on the same worker whenever Redis fails it. Running Turns
+    keep going meanwhile (they ride out Redis faults on their own), and new jobs are picked up as
+    soon as Redis is back: nothing waits for the longest Turn."""
     log = structlog.get_logger("fleet")
     delay = 1.0
-    stop_signals: list[object] = []
-    while True:
-        # A fresh loop per attempt: tasks stranded by a lost Redis are abandoned, never resumed
-        # (their Runs are settled by a reaper, and their lease is gone).
-        asyncio.set_event_loop(asyncio.new_event_loop())
+    while not stop_signals:
         try:
-            worker = build_worker(settings, burst=burst)
-        except SandboxUnavailable as exc:
-            print(f"fleet: {exc}", file=sys.stderr)
-            return 2
-        worker.on_stop = stop_signals.append
-        try:
-            worker.run()
-            return 0
+            await worker.async_run()
+            return
+        except asyncio.CancelledError:
+            return  # SIGTERM: arq cancelled its poll loop after the drain
         except (RedisError, OSError) as exc:
-            if stop_signals:  # told to stop while Redis was going away: stop, do not retry
-                return 0
-            # Redis went away: outlive it (the reaper settles any Turn lost meanwhile).
-            log.warning("worker.redis_unavailable", error=str(exc), retry_in=delay)
-            time.sleep(delay)
+            if stop_signals:
+                return
+            log.warning("worker.redis_unavailable", error_type=type(exc).__name__, retry_in=delay)
+            await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
+
+
+async def close_worker(worker: Any) -> None:
+    """arq's close (it waits for running jobs); if Redis is down for its last write, close our own
+    resources anyway."""
+    try:
+        await worker.close()
+    except (RedisError, OSError):
+        if worker.on_shutdown is not None:
+            await worker.on_shutdown(worker.ctx)
 
 
 def with_concurrency(settings: Settings, concurrency: int) -> Settings:

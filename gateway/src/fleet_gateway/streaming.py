@@ -9,6 +9,7 @@ the gateway stops; then it ends without `[DONE]` and the client resumes where it
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -156,7 +157,8 @@ async def follow_live(
 ) -> AsyncIterator[bytes]:
     """Log first, then live notices; the log again after any gap, resync or Redis fault."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + deps.max_seconds
+    # Jitter: streams opened together (after a deploy) do not all reconnect at the same moment.
+    deadline = loop.time() + deps.max_seconds * random.uniform(0.9, 1.0)
     last_sent = loop.time()
     faults = beats = 0
     read_log = check_db = True  # the DB: a Run may have ended without (more) log, e.g. Redis lost it

@@ -9,23 +9,42 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
+from structlog.tracebacks import ExceptionDictTransformer
 
 from fleet_shared.config import ObservabilitySection, redact_url
 
 SECRET_KEY = re.compile(r"(api_?key|token|secret|password|authorization|cookie)", re.IGNORECASE)
 REDACTED = "[redacted]"
+# `user:password@host` anywhere in a message, with or without a scheme before it (an HTTP
+# client's error may print the netloc alone).
+USERINFO = re.compile(r"([^\s:/@]+):[^\s@/]+@")
 
 
 def redact_secrets(
     _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    """Blank values under secret-looking keys and passwords inside URLs."""
+    """Blank values under secret-looking keys and passwords inside URLs, at any depth (a
+    rendered traceback's messages included)."""
     for key, value in list(event_dict.items()):
-        if SECRET_KEY.search(key) and value not in (None, "", False):
-            event_dict[key] = REDACTED
-        elif isinstance(value, str) and "://" in value:
-            event_dict[key] = redact_url(value)
+        event_dict[key] = redacted(key, value)
     return event_dict
+
+
+def redacted(key: str, value: Any) -> Any:
+    if SECRET_KEY.search(key) and value not in (None, "", False):
+        return REDACTED
+    if isinstance(value, str):
+        return USERINFO.sub(r"\1:***@", redact_url(value)) if "@" in value else value
+    if isinstance(value, dict):
+        return {k: redacted(str(k), v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redacted("", v) for v in value]
+    return value
+
+
+# Tracebacks as data, without frame locals: locals hold request headers (a bearer token), a
+# user's text, an answer, the settings. Only the call stack and the exception's message are kept.
+render_exceptions = structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
 
 
 def configure_logging(section: ObservabilitySection, *, process: str) -> None:
@@ -39,14 +58,11 @@ def configure_logging(section: ObservabilitySection, *, process: str) -> None:
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        render_exceptions,
         redact_secrets,
     ]
     structlog.configure(
-        processors=[
-            *shared,
-            structlog.processors.dict_tracebacks,
-            renderer,
-        ],
+        processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,

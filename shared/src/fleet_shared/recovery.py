@@ -40,6 +40,7 @@ ENQUEUE_LOST_MESSAGE = "the Turn's job was lost before any worker started it; se
 QUEUED_GRACE = timedelta(seconds=3)  # longer than a gateway's claim-commit → enqueue gap
 QUEUED_GIVE_UP = timedelta(minutes=10)
 REAP_BATCH = 50  # lost Runs settled per sweep; the next sweep takes the rest
+LOG_EVERY = 60
 
 
 async def append_from(runlog: RunLog, events: list[RunEvent], token: str) -> bool:
@@ -72,6 +73,7 @@ class Sweeper:
     enqueue: Callable[[str], Awaitable[object]]  # puts the arq job for a run id on the queue
     restart_grace: float | None = None  # default: twice lease_seconds
     quiet_until: float = 0.0  # loop time before which no lost lease is believed (after a Redis fault)
+    failures: int = 0  # sweeps failed in a row (logged on the first, then every LOG_EVERY)
 
     @property
     def lease_ms(self) -> int:
@@ -92,7 +94,13 @@ class Sweeper:
                 if leader:
                     await self.sweep()
             except (RedisError, OSError, SQLAlchemyError) as exc:
-                log.warning("sweep.failed", error_type=type(exc).__name__, error=str(exc))
+                self.failures += 1
+                if self.failures % LOG_EVERY == 1:  # an outage is one line per half minute, not two a second
+                    log.warning("sweep.failed", error_type=type(exc).__name__, failures=self.failures)
+                continue
+            if self.failures:
+                log.info("sweep.recovered", failures=self.failures)
+                self.failures = 0
 
     @contextlib.asynccontextmanager
     async def timed_redis(self) -> AsyncIterator[None]:

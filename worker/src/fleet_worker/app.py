@@ -30,9 +30,9 @@ from fleet_worker.turn import WorkerDeps, prepare_workspace_root, run_turn
 log = structlog.get_logger(__name__)
 HEALTH_CHECK_INTERVAL_SECONDS = 5
 RELOCATED_WORKSPACES = Path("/var/lib/fleet")
-# arq's poll loop retries each Redis command for about this many seconds before giving up on the
-# connection (and the CLI restarts the worker): a Redis restart shorter than that goes unnoticed.
-QUEUE_RETRIES = 20
+# arq's poll loop retries each Redis command this many times (about 4.5 s) before it gives up; the
+# CLI then starts the same loop again on the same worker (fleet_cli.main.serve_through_outages).
+QUEUE_RETRIES = 8
 SWEEP_INTERVAL_SECONDS = 0.5
 
 
@@ -82,6 +82,8 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
 
     async def startup(ctx: dict[str, Any]) -> None:
+        if "deps" in ctx:
+            return  # arq's poll loop restarted after a Redis outage: keep everything as it is
         engine = create_engine(settings.database_url)
         redis = connect(settings.redis_url)
         cancels = CancelListener(redis, listener(settings.redis_url))
@@ -108,6 +110,8 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         log.info("worker.started", queue=queue, concurrency=concurrency)
 
     async def shutdown(ctx: dict[str, Any]) -> None:
+        if ctx.get("closed"):
+            return
         sweeper: asyncio.Task[None] | None = ctx.get("sweeper")
         if sweeper is not None:
             sweeper.cancel()
@@ -122,6 +126,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             deps.sandbox_ops.shutdown(wait=False)
         if "engine" in ctx:
             await ctx["engine"].dispose()
+        ctx["closed"] = True
 
     timeout = settings.profile.runtime.turn_timeout_seconds + 120  # our own deadline fires first
     return Worker(

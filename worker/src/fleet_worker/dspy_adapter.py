@@ -360,3 +360,19 @@ def normalize_usage(raw: dict[str, Any]) -> dict[str, dict[str, int]]:
 
 def is_lm_error(exc: BaseException) -> bool:
     return isinstance(exc, dspy.LMError)
+
+
+def lm_error_message(exc: BaseException) -> str:
+    """What a user may see of an LM failure: DSPy's stable code, the HTTP status and the model.
+
+    Never the provider's own text: it can carry a base URL with credentials, or hints meant for
+    the operator (env var names). The worker's log has the full error."""
+    code = getattr(exc, "code", None) or "lm_error"
+    details = [str(code)]
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        details.append(f"HTTP {status}")
+    model = getattr(exc, "model", None)
+    if model:
+        details.append(f"model {model}")
+    return f"the LM call failed ({', '.join(details)})"

@@ -51,7 +51,8 @@ def failure_outcome(exc: BaseException) -> Outcome:
     if isinstance(cause, SandboxError):
         return failed(RunCommand.FAIL, "failed", "sandbox_error", str(cause))
     if dspy_adapter.is_lm_error(exc):
-        return failed(RunCommand.FAIL, "failed", "lm_error", str(exc))
+        log.warning("turn.lm_error", error_type=type(exc).__name__, error=str(exc))
+        return failed(RunCommand.FAIL, "failed", "lm_error", dspy_adapter.lm_error_message(exc))
     log.error("turn.unexpected_error", error_type=type(exc).__name__, exc_info=exc)
     if isinstance(cause, SQLAlchemyError):
         message = f"the database failed ({type(cause).__name__}); send the Turn again"

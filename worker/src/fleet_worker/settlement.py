@@ -26,14 +26,20 @@ async def commit_with_retry(
     The caller keeps the Run's lease meanwhile, so no sweeper can take the Run: an answer that was
     computed is committed once the database is back. False: another attempt owns the Run."""
     delay = FIRST_RETRY_SECONDS
+    tries = 0
     while True:
         try:
             async with sessions() as db:
-                return await commit_once(db, settlement)
+                committed = await commit_once(db, settlement)
+            if tries:
+                log.info("turn.commit_recovered", tries=tries + 1)
+            return committed
         except Exception as exc:
             if not is_unreachable(exc) or time.monotonic() + delay > deadline:
                 raise
-            log.warning("turn.commit_retry", error_type=type(exc).__name__, retry_in=delay)
+            tries += 1
+            if tries % 10 == 1:  # the first, then every tenth
+                log.warning("turn.commit_retry", error_type=type(exc).__name__, tries=tries)
         await asyncio.sleep(delay)
         delay = min(delay * 2, MAX_RETRY_SECONDS)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -20,7 +21,7 @@ from fleet_shared.config import Settings
 from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Session
 from fleet_shared.event_log import RunLog, lease_token
-from fleet_shared.events import Answer, StatusChanged
+from fleet_shared.events import Answer, RunEvent, RunFailed, StatusChanged
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker.control import CancelListener
@@ -263,12 +264,35 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
         failure_code=outcome.failure_code,
         failure_message=outcome.failure_message,
     )
-    if not await commit_with_retry(deps.sessions, settlement, deadline=settle_deadline(deps, turn)):
+    try:
+        committed = await commit_with_retry(deps.sessions, settlement, deadline=settle_deadline(deps, turn))
+    except Exception as exc:  # the database refused this ending for good, or stayed away too long
+        log.error("turn.commit_failed", error_type=type(exc).__name__, exc_info=exc)
+        settlement = commit_failed(settlement, terminal)
+        sink.events[-1] = settlement.events[-1]  # the terminal that is published instead
+        deadline = time.monotonic() + SETTLE_GRACE_SECONDS
+        committed = await commit_with_retry(deps.sessions, settlement, deadline=deadline)
+    if not committed:
         log.warning("turn.fenced_out")
         return "fenced"
     await sink.finish(within=PUBLISH_TERMINAL_SECONDS)
-    assert terminal.seq == sink.events[-1].seq
-    return outcome.turn_status
+    return settlement.turn_status
+
+
+def commit_failed(settlement: runs.Settlement, terminal: RunEvent) -> runs.Settlement:
+    """The least that can be committed when the Turn's ending could not be: its failure alone, so
+    the Run ends honestly (not later as `worker_lost`) and the session is free."""
+    message = "the Turn's result could not be saved; send it again"
+    failed = RunFailed(run_id=terminal.run_id, seq=terminal.seq, code="commit_failed", message=message)
+    return msgspec.structs.replace(
+        settlement,
+        command=RunCommand.FAIL,
+        parts=[],
+        turn_status="failed",
+        events=[failed],
+        failure_code="commit_failed",
+        failure_message=message,
+    )
 
 
 def settle_deadline(deps: WorkerDeps, turn: Turn) -> float:

@@ -14,7 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from fleet_gateway.schemas import Health
 from fleet_gateway.state import GatewayState
-from fleet_shared.db.engine import HEAD_REVISION, current_revision
+from fleet_shared.db.engine import HEAD_REVISION, current_revision, is_read_only
 from fleet_shared.queue import health_check_key
 
 VERSION = version("fleet-gateway")
@@ -52,6 +52,11 @@ async def check_database(gw: GatewayState) -> str:
         return f"unreachable: {type(exc).__name__}"
     if revision != HEAD_REVISION:
         return f"schema at {revision or 'nothing'}, code expects {HEAD_REVISION}: run `fleet db upgrade`"
+    try:
+        if await is_read_only(gw.engine):
+            return "read-only: it takes no writes (a standby, or a failover in progress)"
+    except (SQLAlchemyError, OSError) as exc:
+        return f"unreachable: {type(exc).__name__}"
     return "ok"
 
 

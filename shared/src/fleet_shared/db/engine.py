@@ -61,5 +61,15 @@ async def current_revision(engine: AsyncEngine) -> str | None:
         return None if row is None else str(row[0])
 
 
+async def is_read_only(engine: AsyncEngine) -> bool:
+    """True when the database takes no writes (a PostgreSQL standby, or a primary being failed
+    over); SQLite never is."""
+    if engine.dialect.name != "postgresql":
+        return False
+    async with engine.connect() as conn:
+        value = await conn.scalar(text("SHOW transaction_read_only"))
+    return str(value).lower() == "on"
+
+
 async def is_at_head(engine: AsyncEngine) -> bool:
     return await current_revision(engine) == HEAD_REVISION

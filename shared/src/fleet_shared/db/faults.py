@@ -1,4 +1,4 @@
-"""Which database errors mean "cannot reach the database right now" (retry, or answer 503)."""
+"""Which database errors mean "the database cannot take this right now" (retry, or answer 503)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 # SQLSTATE classes: 08 connection exception; 57P01-57P03 admin or crash shutdown, cannot connect
-# now (a server starting or stopping); 53300 too many connections.
-UNREACHABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300")
+# now (a server starting or stopping); 53300 too many connections; 25006 a read-only transaction
+# (a failover in progress: the old primary went read-only); 40001 / 40P01 a serialization
+# failure or deadlock (the same write succeeds when tried again).
+UNREACHABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300", "25006", "40001", "40P01")
 
 
 def is_unreachable(exc: BaseException) -> bool:
