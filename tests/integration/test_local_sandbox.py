@@ -21,8 +21,9 @@ from fleet_worker.sandbox.errors import (
     SandboxUnavailable,
 )
 from fleet_worker.sandbox.jail import LocalSandboxConfig
-from fleet_worker.sandbox.local import WORKSPACE_DIRS, LocalSandboxLease, LocalSandboxProvider
+from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
 from fleet_worker.sandbox.session import CellResult, ReplSession
+from fleet_worker.sandbox.workspace import WORKSPACE_DIRS
 
 REPO = Path(__file__).resolve().parents[2]
 HOST_SERVICES = {"redis": 6379, "postgresql": 5432}

@@ -33,6 +33,7 @@ from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, completion_text, count_tokens
 from fleet_worker.sandbox.errors import CellInterrupted, CellTimeout, SandboxCrashed
 from fleet_worker.sandbox.session import ReplSession
+from fleet_worker.sandbox.workspace import HOST_PATHS
 
 LM_TOOLS = ("llm_query", "llm_query_batched", "rlm_query")
 PROMPT_PREVIEW_CHARS = 4000
@@ -268,8 +269,9 @@ class SandboxInterpreter:
                 raise TurnStopped(str(exc)) from None
             raise CodeExecutionError(str(exc)) from None
         except SandboxCrashed as exc:
-            self.report(call_id, "", False, str(exc))
-            raise CodeInterpreterError(str(exc)) from None
+            message = HOST_PATHS.scrub(str(exc))
+            self.report(call_id, "", False, message)
+            raise CodeInterpreterError(message) from None
         if result.error is not None:
             detail = result.error.traceback or f"{result.error.type}: {result.error.message}"
             self.report(call_id, result.stdout, result.truncated, detail)
@@ -284,7 +286,9 @@ class SandboxInterpreter:
 
     def report(self, call_id: str | None, stdout: str, truncated: bool, error: str | None) -> None:
         if call_id is not None:
-            self.observer.cell_finished(call_id, stdout, truncated, error)
+            self.observer.cell_finished(
+                call_id, stdout, truncated, None if error is None else HOST_PATHS.scrub(error)
+            )
 
 
 # --- the program --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from fleet_shared.run_state import RunCommand
 from fleet_worker import dspy_adapter
 from fleet_worker.errors import TurnCancelled, TurnFailed, TurnStopped, TurnTimedOut
 from fleet_worker.sandbox.errors import SandboxError
+from fleet_worker.sandbox.workspace import HOST_PATHS
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +50,7 @@ def failure_outcome(exc: BaseException) -> Outcome:
     if isinstance(cause, TurnFailed):
         return failed(RunCommand.FAIL, "failed", cause.code, cause.message)
     if isinstance(cause, SandboxError):
-        return failed(RunCommand.FAIL, "failed", "sandbox_error", str(cause))
+        return failed(RunCommand.FAIL, "failed", "sandbox_error", HOST_PATHS.scrub(str(cause)))
     if dspy_adapter.is_lm_error(exc):
         log.warning("turn.lm_error", error_type=type(exc).__name__, error=str(exc))
         return failed(RunCommand.FAIL, "failed", "lm_error", dspy_adapter.lm_error_message(exc))
@@ -57,7 +58,7 @@ def failure_outcome(exc: BaseException) -> Outcome:
     if isinstance(cause, SQLAlchemyError):
         message = f"the database failed ({type(cause).__name__}); send the Turn again"
     else:
-        message = f"{type(exc).__name__}: {exc}"
+        message = HOST_PATHS.scrub(f"{type(exc).__name__}: {exc}")
     return failed(RunCommand.FAIL, "failed", "internal_error", message)
 
 

@@ -19,8 +19,6 @@ from fleet_shared.events import (
 from fleet_shared.ids import new_id
 from fleet_shared.run_state import ACTIVE_STATUSES, RunStatus
 
-DEFAULT_WORKSPACE = "default"
-
 
 def now() -> datetime:
     return datetime.now(UTC)
@@ -29,32 +27,21 @@ def now() -> datetime:
 # --- sessions ---------------------------------------------------------------------------------
 
 
-async def default_workspace(db: AsyncSession) -> Workspace:
-    found = await db.scalar(select(Workspace).where(Workspace.name == DEFAULT_WORKSPACE))
-    if found is not None:
-        return found
-    try:
-        async with db.begin_nested():
-            workspace = Workspace(id=new_id(), name=DEFAULT_WORKSPACE, created_at=now())
-            db.add(workspace)
-        return workspace
-    except IntegrityError:  # another process created it first
-        found = await db.scalar(select(Workspace).where(Workspace.name == DEFAULT_WORKSPACE))
-        assert found is not None
-        return found
-
-
 async def create_session(db: AsyncSession, title: str) -> Session:
-    workspace = await default_workspace(db)
+    """A session and its own workspace: no other session ever sees its files."""
     stamp = now()
+    session_id = new_id()
+    workspace = Workspace(id=new_id(), name=f"session-{session_id}", created_at=stamp)
     session = Session(
-        id=new_id(),
+        id=session_id,
         workspace_id=workspace.id,
         title=title,
         status="active",
         created_at=stamp,
         updated_at=stamp,
     )
+    db.add(workspace)
+    await db.flush()  # the workspace row first: the session refers to it
     db.add(session)
     await db.commit()
     return session

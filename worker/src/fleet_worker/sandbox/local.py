@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -18,7 +17,6 @@ from fleet_worker.sandbox.errors import (
 )
 from fleet_worker.sandbox.jail import (
     DRIVER_SOURCE,
-    SANDBOX_GID,
     SANDBOX_UID,
     WORKSPACE_MOUNT,
     LaunchSpec,
@@ -29,38 +27,9 @@ from fleet_worker.sandbox.jail import (
     unisolated_command,
 )
 from fleet_worker.sandbox.session import ReplSession
+from fleet_worker.sandbox.workspace import HOST_PATHS, prepare_layout, sanitize, unreachable_ancestor
 
 log = structlog.get_logger(__name__)
-
-WORKSPACE_DIRS = ("memory", "skills", "attachments", "artifacts")
-
-
-def unreachable_ancestor(path: Path, uid: int) -> Path | None:
-    """The first directory above `path` that `uid` (not owner, not in group) cannot search."""
-    for ancestor in reversed(path.parents):
-        info = ancestor.stat()
-        bit = stat.S_IXUSR if info.st_uid == uid else stat.S_IXOTH
-        if not info.st_mode & bit:
-            return ancestor
-    return None
-
-
-def grant_workspace(workspace: Path) -> None:
-    """Give the sandbox uid the workspace tree (root hosts only, where the jail is uid 65534).
-
-    fwalk plus dir_fd and no symlink following, so links planted by sandboxed code cannot
-    redirect the chown to host files; hard-linked files are skipped for the same reason.
-    """
-    os.chown(workspace, SANDBOX_UID, SANDBOX_GID, follow_symlinks=False)
-    for _top, dirs, files, dir_fd in os.fwalk(workspace, follow_symlinks=False):
-        for name in (*dirs, *files):
-            try:
-                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                if info.st_uid == SANDBOX_UID or (stat.S_ISREG(info.st_mode) and info.st_nlink > 1):
-                    continue
-                os.chown(name, SANDBOX_UID, SANDBOX_GID, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
 
 
 def stage_driver() -> Path:
@@ -105,7 +74,7 @@ class LocalSandboxLease:
             if self._released:
                 raise SandboxError(f"the sandbox lease of run {self.run_id} was released")
             if self._launch.run_as is not None:
-                grant_workspace(self.workspace)  # files the host added since acquire()
+                sanitize(self.workspace, self._launch.run_as)  # files the host added since acquire()
             session = ReplSession(
                 self._launch,
                 cell_timeout_seconds=self._cfg.cell_timeout_seconds,
@@ -135,6 +104,10 @@ class LocalSandboxLease:
                 session.shutdown()
             except Exception as exc:
                 log.warning("sandbox.shutdown_failed", run_id=self.run_id, error=str(exc))
+        try:  # what the Run left behind: no setuid bits, no devices, fifos or sockets
+            sanitize(self.workspace, self._launch.run_as)
+        except OSError as exc:
+            log.warning("sandbox.sanitize_failed", run_id=self.run_id, error=str(exc))
         if self._staged_driver is not None:
             shutil.rmtree(self._staged_driver.parent, ignore_errors=True)
 
@@ -226,21 +199,25 @@ class LocalSandboxProvider:
 
     def _lease(self, workspace: Path, run_id: str, isolation: Isolation) -> LocalSandboxLease:
         workspace = workspace.resolve()
-        for name in WORKSPACE_DIRS:
-            (workspace / name).mkdir(parents=True, exist_ok=True)
+        HOST_PATHS.add(workspace.parent)
+        prepare_layout(workspace)
         driver, staged = DRIVER_SOURCE, None
         if self._run_as is not None:
             driver = staged = stage_driver()
+            HOST_PATHS.add(staged.parent)
             for path in (workspace, staged.parent):
                 blocked = unreachable_ancestor(path, self._run_as)
                 if blocked is not None:
                     shutil.rmtree(staged.parent, ignore_errors=True)
-                    raise SandboxError(
-                        f"{blocked} is not searchable by uid {self._run_as}, which sandboxed code "
-                        f"runs as on a root worker; chmod o+x it, move {path}, "
-                        "or run the worker as a non-root user"
+                    log.error(
+                        "sandbox.unreachable_path", path=str(path), blocked=str(blocked), uid=self._run_as
                     )
-            grant_workspace(workspace)
+                    raise SandboxError(
+                        "the sandbox's uid cannot reach its workspace on this worker "
+                        "(see sandbox.unreachable_path in the worker log); chmod o+x the folder, "
+                        "move the data directory, or run the worker as a non-root user"
+                    )
+        sanitize(workspace, self._run_as)
         if isolation.bwrap is not None:
             argv = bwrap_command(self._cfg, workspace, isolation.python, driver, bwrap=isolation.bwrap)
             launch = LaunchSpec(
