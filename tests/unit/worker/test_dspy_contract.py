@@ -6,7 +6,9 @@ attention before the upgrade can land.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import json
 import socket
 import threading
@@ -331,8 +333,13 @@ class InMemorySession:
             "output_fields": list(output_fields) if output_fields is not None else None,
             "max_output_chars": self.max_output_chars,
         }
-        reply = self.repl.execute(decode_payload(encode_frame(request)[HEADER.size :]))
-        return parse_result(json.loads(json.dumps(reply, default=repl_main.jsonable)))
+        # Output is the host's to capture (the real REPL writes it to a pipe the host reads).
+        captured = io.StringIO()
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            reply = self.repl.execute(decode_payload(encode_frame(request)[HEADER.size :]))
+        text = captured.getvalue()
+        stdout, truncated = text[: self.max_output_chars], len(text) > self.max_output_chars
+        return parse_result(json.loads(json.dumps(reply, default=repl_main.jsonable)), stdout, truncated)
 
     def interrupt(self) -> None:
         return None

@@ -16,6 +16,7 @@ from fleet_worker.sandbox.errors import FrameTimeout, FrameTooLarge, SandboxCras
 from fleet_worker.sandbox.jail import (
     DRIVER_MOUNT,
     DRIVER_SOURCE,
+    OUTPUT_FD_PLACEHOLDER,
     WORKSPACE_MOUNT,
     LocalSandboxConfig,
     bwrap_command,
@@ -205,6 +206,8 @@ def test_bwrap_command(python: str, executable: str, prefix: str | None, tmp_pat
         "32",
         "--max-file-mb",
         "8",
+        "--output-fd",
+        OUTPUT_FD_PLACEHOLDER,
     ]
 
 

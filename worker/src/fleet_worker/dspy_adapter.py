@@ -31,7 +31,7 @@ from fleet_shared.events import (
 )
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, completion_text, count_tokens
-from fleet_worker.sandbox.errors import CellInterrupted, CellTimeout, SandboxCrashed
+from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.sandbox.workspace import HOST_PATHS
 
@@ -263,12 +263,14 @@ class SandboxInterpreter:
         fields = [f["name"] for f in self.output_fields] if self.output_fields else None
         try:
             result = self.session.execute(code, variables or {}, tools, fields)
-        except (CellTimeout, CellInterrupted) as exc:
-            self.report(call_id, "", False, str(exc))
+        except CellFailed as exc:  # timed out, interrupted, or its REPL died: told to the RLM
+            message = HOST_PATHS.scrub(str(exc))
+            self.report(call_id, exc.stdout, exc.truncated, message)
             if self.observer.stop.is_set():
-                raise TurnStopped(str(exc)) from None
-            raise CodeExecutionError(str(exc)) from None
-        except SandboxCrashed as exc:
+                raise TurnStopped(message) from None
+            combined = f"{exc.stdout}\n{message}" if exc.stdout else message
+            raise CodeExecutionError(combined) from None
+        except SandboxCrashed as exc:  # no REPL could be started at all
             message = HOST_PATHS.scrub(str(exc))
             self.report(call_id, "", False, message)
             raise CodeInterpreterError(message) from None

@@ -21,18 +21,33 @@ class SandboxUnavailable(SandboxError):
         super().__init__(f"{reason}; {fix}")
 
 
-class CellTimeout(SandboxError):
+class CellFailed(SandboxError):
+    """A cell ended without a result of its own; carries what it printed before that."""
+
+    def __init__(self, message: str, *, stdout: str = "", truncated: bool = False) -> None:
+        super().__init__(message)
+        self.stdout = stdout
+        self.truncated = truncated
+
+
+class CellTimeout(CellFailed):
     """A cell ran past the per-cell timeout; its REPL was killed and replaced by a fresh one."""
 
-    def __init__(self, timeout_seconds: float) -> None:
+    def __init__(self, timeout_seconds: float, *, stdout: str = "", truncated: bool = False) -> None:
         super().__init__(
             f"the cell exceeded the {timeout_seconds:g}s timeout; the REPL was killed and "
-            "restarted, so every variable and import from earlier cells is lost"
+            "restarted, so every variable and import from earlier cells is lost",
+            stdout=stdout,
+            truncated=truncated,
         )
 
 
-class CellInterrupted(SandboxError):
+class CellInterrupted(CellFailed):
     """The running cell was cancelled from the host; its REPL was killed and state is lost."""
+
+
+class CellCrashed(CellFailed):
+    """The REPL died (or was stopped) during a cell; it was replaced by a fresh one."""
 
 
 class SandboxCrashed(SandboxError):

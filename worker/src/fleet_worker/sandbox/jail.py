@@ -21,6 +21,8 @@ log = structlog.get_logger(__name__)
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
 WORKSPACE_MOUNT = "/workspace"
+# Replaced by the output pipe's fd number when a REPL is spawned (fleet_worker.sandbox.process).
+OUTPUT_FD_PLACEHOLDER = "{output-fd}"
 DRIVER_MOUNT = "/opt/fleet/repl_main.py"
 DRIVER_SOURCE = Path(__file__).with_name("repl_main.py")
 # Top-level host dirs that hold the OS (merged-usr hosts make all but /usr symlinks into it).
@@ -88,6 +90,8 @@ def driver_args(cfg: LocalSandboxConfig, driver: str) -> list[str]:
         str(cfg.max_processes),
         "--max-file-mb",
         str(cfg.max_file_mb),
+        "--output-fd",
+        OUTPUT_FD_PLACEHOLDER,
     ]
 
 

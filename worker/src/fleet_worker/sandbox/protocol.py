@@ -8,7 +8,7 @@ import os
 import select
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 from fleet_worker.sandbox.errors import FrameTimeout, FrameTooLarge, SandboxCrashed
@@ -16,6 +16,8 @@ from fleet_worker.sandbox.errors import FrameTimeout, FrameTooLarge, SandboxCras
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 READ_CHUNK_BYTES = 1024 * 1024
+WATCH_SECONDS = 1.0
+Watch = Callable[[], None]
 
 
 def json_fallback(value: object) -> object:
@@ -74,18 +76,22 @@ def read_frame(
     deadline: float | None = None,
     *,
     max_bytes: int = MAX_FRAME_BYTES,
+    watch: Watch | None = None,
 ) -> dict[str, Any]:
     """Read one frame; FrameTimeout past `deadline`, SandboxCrashed on EOF or an oversize frame.
 
     With a deadline the source must be an fd or an unbuffered file: readiness is polled on the fd.
+    `watch` runs about every second while nothing arrives (it raises to give up early).
     """
-    (length,) = HEADER.unpack(read_exactly(source, HEADER.size, deadline))
+    (length,) = HEADER.unpack(read_exactly(source, HEADER.size, deadline, watch))
     if length > max_bytes:
         raise SandboxCrashed(f"REPL announced a {length}-byte frame, over the {max_bytes} limit")
-    return decode_payload(read_exactly(source, length, deadline))
+    return decode_payload(read_exactly(source, length, deadline, watch))
 
 
-def read_exactly(source: int | BinaryIO, size: int, deadline: float | None) -> bytes:
+def read_exactly(
+    source: int | BinaryIO, size: int, deadline: float | None, watch: Watch | None = None
+) -> bytes:
     """Read exactly `size` bytes; EOF before that means the REPL is gone."""
     if not isinstance(source, int) and deadline is not None:
         source = source.fileno()
@@ -94,7 +100,7 @@ def read_exactly(source: int | BinaryIO, size: int, deadline: float | None) -> b
         want = min(size - len(buffer), READ_CHUNK_BYTES)
         try:
             if isinstance(source, int):
-                wait_ready(source, deadline, writing=False)
+                wait_ready(source, deadline, writing=False, watch=watch)
                 chunk = os.read(source, want)
             else:
                 chunk = source.read(want)
@@ -122,12 +128,18 @@ def write_all(fd: int, data: bytes, deadline: float | None) -> None:
         view = view[written:]
 
 
-def wait_ready(fd: int, deadline: float | None, *, writing: bool) -> None:
+def wait_ready(fd: int, deadline: float | None, *, writing: bool, watch: Watch | None = None) -> None:
     """Block until `fd` is readable/writable; poll() rather than select() has no 1024-fd ceiling."""
     if deadline is None:
         return
     poller = select.poll()
     poller.register(fd, select.POLLOUT if writing else select.POLLIN)
-    remaining = deadline - time.monotonic()
-    if not poller.poll(max(0, math.ceil(remaining * 1000))):
-        raise FrameTimeout("timed out waiting for the REPL")
+    while True:
+        remaining = deadline - time.monotonic()
+        wait = remaining if watch is None else min(remaining, WATCH_SECONDS)
+        if poller.poll(max(0, math.ceil(wait * 1000))):
+            return
+        if remaining <= wait:
+            raise FrameTimeout("timed out waiting for the REPL")
+        assert watch is not None
+        watch()

@@ -1,10 +1,18 @@
-"""REPL driver that runs inside the sandbox: executes cells and speaks length-prefixed JSON frames.
+"""The REPL inside the sandbox: a supervisor that owns the host channel, and an interpreter child
+that runs the cells.
 
 Stdlib only. It runs under a bare `python3 -I -S` with no site-packages and no fleet code, so it
 carries its own copy of the frame codec (4-byte big-endian length, then one UTF-8 JSON object).
 
-Frames it receives: `execute`, `tool_result`, `shutdown`. Frames it sends: `ready` (once, after
-setup), `tool_call` (a cell called a host tool and blocks for the reply) and `result` (per cell).
+- The **supervisor** holds the frames to and from the host. It is not dumpable, so no other
+  process of the sandbox can open its file descriptors through /proc: user code can never write
+  a frame to the host. It relays the child's tool calls and results after checking their shape,
+  kills every process a cell left behind, and replaces a child that died or was stopped.
+- The **interpreter child** runs the cells in one persistent namespace. Its stdout and stderr are
+  a pipe the host reads directly (the host caps and keeps it, even if the cell is killed).
+
+Host → supervisor: `execute`, `tool_result`, `shutdown`. Supervisor → host: `ready`, `tool_call`,
+`result` (`{id, final?, error?}`; the output travels on the output pipe).
 """
 
 from __future__ import annotations
@@ -15,7 +23,9 @@ import io
 import json
 import os
 import resource
+import select
 import signal
+import socket
 import struct
 import sys
 import traceback
@@ -25,6 +35,9 @@ from typing import Any, NoReturn
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 RESERVED_NAMES = frozenset({"SUBMIT", "__builtins__"})
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
+WATCH_SECONDS = 0.5  # how often the supervisor looks at a running child (stopped? gone?)
+STOPPED = "the REPL process was stopped (SIGSTOP); it was killed and restarted, so its state was reset"
 # Frames of this file are driver plumbing, never shown in a cell's traceback.
 DRIVER_FILE = __file__
 
@@ -38,7 +51,7 @@ class Submitted(BaseException):
 
 
 class Channel:
-    """The frame pipes to the host, on fds nothing in the cell writes to by accident."""
+    """Length-prefixed JSON frames over a pair of file descriptors."""
 
     def __init__(self, fd_in: int, fd_out: int) -> None:
         self.fd_in = fd_in
@@ -53,25 +66,29 @@ class Channel:
             data = data[os.write(self.fd_out, data) :]
 
     def receive(self) -> dict[str, Any] | None:
-        """The next message, or None when the host closed the channel."""
+        """The next message; None when the other side closed the channel or broke the format."""
         header = self.read_exactly(HEADER.size)
         if header is None:
             return None
         (length,) = HEADER.unpack(header)
         if length > MAX_FRAME_BYTES:
-            fatal(f"host sent a {length}-byte frame, over the limit")
+            return None
         payload = self.read_exactly(length)
         if payload is None:
-            fatal("host closed the channel mid-frame")
-        message = json.loads(payload.decode("utf-8"))
-        if not isinstance(message, dict):
-            fatal("host sent a frame that is not a JSON object")
-        return message
+            return None
+        try:
+            message = json.loads(payload.decode("utf-8"))
+        except ValueError:
+            return None
+        return message if isinstance(message, dict) else None
 
     def read_exactly(self, size: int) -> bytes | None:
         buffer = bytearray()
         while len(buffer) < size:
-            chunk = os.read(self.fd_in, size - len(buffer))
+            try:
+                chunk = os.read(self.fd_in, size - len(buffer))
+            except OSError:
+                return None
             if not chunk:
                 return None
             buffer += chunk
@@ -80,49 +97,14 @@ class Channel:
     def call_tool(self, name: str, kwargs: dict[str, Any]) -> Any:
         self.send({"op": "tool_call", "name": name, "kwargs": kwargs})
         reply = self.receive()
-        if reply is None:
-            os._exit(0)
-        if reply.get("op") != "tool_result":
-            fatal(f"expected tool_result, got {reply.get('op')!r}")
+        if reply is None or reply.get("op") != "tool_result":
+            os._exit(3)  # the supervisor is gone or confused: nothing sensible remains to do
         if reply.get("ok"):
             return reply.get("value")
         raise RuntimeError(str(reply.get("error")))
 
 
-class CappedOutput(io.TextIOBase):
-    """stdout/stderr for a cell: keeps the first `limit` characters and only counts the rest."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.limit = limit
-        self.parts: list[str] = []
-        self.size = 0
-        self.truncated = False
-
-    # Class attributes shadow TextIOBase's read-only properties of the same names.
-    encoding = "utf-8"
-    errors = "replace"
-
-    def writable(self) -> bool:
-        return True
-
-    def isatty(self) -> bool:
-        return False
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        room = self.limit - self.size
-        if len(text) > room:
-            self.truncated = True
-        if room > 0:
-            piece = text[:room]
-            self.parts.append(piece)
-            self.size += len(piece)
-        return len(text)
-
-    def getvalue(self) -> str:
-        return "".join(self.parts)
+# --- the interpreter child ------------------------------------------------------------------------
 
 
 class Repl:
@@ -143,12 +125,8 @@ class Repl:
             if name.isidentifier() and name not in RESERVED_NAMES:
                 self.namespace[name] = make_tool(self.channel, name, list(params))
         self.namespace["SUBMIT"] = make_submit(output_fields)
-
-        output = CappedOutput(int(request.get("max_output_chars", 10_000)))
         reply: dict[str, Any] = {"op": "result", "id": request.get("id")}
         compiled: types.CodeType | None = None
-        saved = sys.stdout, sys.stderr
-        sys.stdout = sys.stderr = output
         try:
             compiled = compile(code, "<cell>", "exec")
             exec(compiled, self.namespace)
@@ -157,10 +135,15 @@ class Repl:
         except BaseException as exc:  # SystemExit, KeyboardInterrupt too: report, keep the REPL
             reply["error"] = describe(exc, compiled, code)
         finally:
-            sys.stdout, sys.stderr = saved
-        reply["stdout"] = output.getvalue()
-        reply["truncated"] = output.truncated
+            flush_output()
         return reply
+
+
+def flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
 
 
 def make_tool(channel: Channel, name: str, params: list[str]) -> Any:
@@ -174,6 +157,7 @@ def make_tool(channel: Channel, name: str, params: list[str]) -> Any:
             if key in call:
                 raise TypeError(f"{name}() got multiple values for argument {key!r}")
             call[key] = value
+        flush_output()  # what the cell printed so far reaches the host in order
         return channel.call_tool(name, call)
 
     tool.__name__ = tool.__qualname__ = name
@@ -252,6 +236,225 @@ def jsonable(value: object) -> object:
     return str(value)
 
 
+def child_main(sock: int) -> NoReturn:
+    """The interpreter: stdout/stderr are the output pipe (fds 1 and 2), frames go to the supervisor."""
+    with contextlib.suppress(OSError):
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the supervisor
+        # Dumpable again (fork kept the supervisor's setting): the cell may read its own
+        # /proc/self; nothing of the supervisor's is in this process any more.
+        prctl(PR_SET_DUMPABLE, 1)
+    # Text that cannot be encoded (a lone surrogate) is escaped, never an error in the cell.
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), "utf-8", "backslashreplace", write_through=True
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", write_through=True
+    )
+    channel = Channel(sock, sock)
+    repl = Repl(channel)
+    channel.send({"op": "ready"})
+    while True:
+        message = channel.receive()
+        if message is None or message.get("op") != "execute":
+            os._exit(0)
+        reply = repl.execute(message)
+        try:
+            channel.send(reply)
+        except (TypeError, ValueError, RecursionError) as exc:
+            # The SUBMIT value could not be encoded (cyclic, too large): report it as the error.
+            reply.pop("final", None)
+            reply["error"] = {"type": type(exc).__name__, "message": f"cannot send the cell result: {exc}"}
+            channel.send(reply)
+
+
+# --- the supervisor -------------------------------------------------------------------------------
+
+
+class Supervisor:
+    def __init__(self, host: Channel, output_fd: int) -> None:
+        self.host = host
+        self.output_fd = output_fd
+        self.child_pid = 0
+        self.child: Channel | None = None
+        self.child_sock: socket.socket | None = None
+
+    def start_child(self) -> None:
+        parent_end, child_end = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:  # the child: nothing of the host channel survives into it
+            try:
+                for fd in (self.host.fd_in, self.host.fd_out, parent_end.fileno()):
+                    os.close(fd)
+                os.dup2(self.output_fd, 1)
+                os.dup2(self.output_fd, 2)
+                os.close(self.output_fd)
+                child_main(child_end.detach())
+            finally:
+                os._exit(3)
+        child_end.close()
+        self.child_pid, self.child_sock = pid, parent_end
+        self.child = Channel(parent_end.fileno(), parent_end.fileno())
+        if not self.await_child_ready():
+            fatal("the interpreter did not start")
+
+    def await_child_ready(self) -> bool:
+        message = self.child.receive() if self.child is not None else None
+        return message is not None and message.get("op") == "ready"
+
+    def serve(self) -> None:
+        while True:
+            message = self.host.receive()
+            if message is None or message.get("op") == "shutdown":
+                return
+            if message.get("op") != "execute":
+                fatal(f"unexpected op {message.get('op')!r} from the host")
+            self.run_cell(message)
+
+    def run_cell(self, request: dict[str, Any]) -> None:
+        request_id = request.get("id")
+        assert self.child is not None
+        self.child.send(request)
+        while True:
+            message = self.next_from_child()
+            if isinstance(message, str):  # the child is gone or broke the protocol
+                self.replace_child()
+                self.host.send({"op": "result", "id": request_id, "error": problem(message)})
+                return
+            op = message.get("op")
+            if (
+                op == "tool_call"
+                and isinstance(message.get("name"), str)
+                and isinstance(message.get("kwargs"), dict)
+            ):
+                self.host.send({"op": "tool_call", "name": message["name"], "kwargs": message["kwargs"]})
+                reply = self.host.receive()
+                if reply is None or reply.get("op") != "tool_result":
+                    fatal("expected a tool_result from the host")
+                self.child.send(
+                    {
+                        "op": "tool_result",
+                        "ok": bool(reply.get("ok")),
+                        "value": reply.get("value"),
+                        "error": reply.get("error"),
+                    }
+                )
+            elif op == "result" and message.get("id") == request_id:
+                kill_leftovers(keep=self.child_pid)
+                self.host.send(result_of(message, request_id))
+                return
+            else:
+                self.replace_child()
+                error = problem("the cell sent something the REPL protocol does not allow; it was reset")
+                self.host.send({"op": "result", "id": request_id, "error": error})
+                return
+
+    def next_from_child(self) -> dict[str, Any] | str:
+        """The child's next frame, or why there will be none (it died, or it was stopped)."""
+        assert self.child is not None and self.child_sock is not None
+        while True:
+            ready, _, _ = select.select([self.child_sock], [], [], WATCH_SECONDS)
+            if ready:
+                message = self.child.receive()
+                if message is None:
+                    return f"the REPL process {end_child(self.child_pid)}; its state was reset"
+                return message
+            if process_state(self.child_pid) in ("T", "t"):
+                return STOPPED
+
+    def replace_child(self) -> None:
+        end_child(self.child_pid)
+        if self.child_sock is not None:
+            self.child_sock.close()
+        kill_leftovers(keep=0)
+        self.start_child()
+
+
+def result_of(message: dict[str, Any], request_id: Any) -> dict[str, Any]:
+    """The child's result, rebuilt from the fields the protocol has: nothing else passes."""
+    reply: dict[str, Any] = {"op": "result", "id": request_id}
+    final, error = message.get("final"), message.get("error")
+    if isinstance(final, dict):
+        reply["final"] = final
+    if isinstance(error, dict):
+        reply["error"] = {key: str(error.get(key, "")) for key in ("type", "message", "traceback")}
+    return reply
+
+
+def problem(message: str) -> dict[str, str]:
+    return {"type": "ReplReset", "message": message, "traceback": ""}
+
+
+def end_child(pid: int) -> str:
+    """Reap the child (killing it if it lingers after closing its channel); how it ended."""
+    status = None
+    for _ in range(20):
+        try:
+            reaped, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return "is gone"
+        if reaped:
+            break
+        select.select([], [], [], 0.05)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        return "closed its channel and was killed"
+    assert status is not None
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        hint = " (out of memory, or killed)" if number == signal.SIGKILL else ""
+        return f"died by signal {signal.Signals(number).name}{hint}"
+    return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def process_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return "?"
+
+
+def kill_leftovers(keep: int) -> None:
+    """SIGKILL every descendant of the supervisor but the interpreter `keep`: what a cell started
+    in the background never outlives the cell. The supervisor is a child subreaper, so even a
+    double-forked daemon stays its descendant."""
+    for pid in descendants(os.getpid()) - {keep}:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def descendants(root: int) -> set[int]:
+    parents: dict[int, int] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with (
+                    contextlib.suppress(OSError, IndexError, ValueError),
+                    open(f"/proc/{entry}/stat", "rb") as stat,
+                ):
+                    parents[int(entry)] = int(stat.read().rsplit(b")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def prctl(option: int, value: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl failed")
+
+
 def fatal(reason: str) -> NoReturn:
     """The protocol is broken beyond repair: say why on stderr and die (the host sees EOF)."""
     os.write(2, f"repl_main: {reason}\n".encode())
@@ -283,7 +486,7 @@ def lower(limit: int, value: int) -> None:
 
 
 def parse_args(argv: list[str]) -> dict[str, int]:
-    options = {"--memory-mb": 0, "--max-processes": 0, "--max-file-mb": 0}
+    options = {"--memory-mb": 0, "--max-processes": 0, "--max-file-mb": 0, "--output-fd": -1}
     for flag, value in zip(argv[::2], argv[1::2], strict=False):
         if flag in options:
             options[flag] = int(value)
@@ -291,37 +494,28 @@ def parse_args(argv: list[str]) -> dict[str, int]:
 
 
 def main() -> int:
-    # Frames travel on private copies of the original stdin/stdout. fd 0 becomes /dev/null and
-    # fd 1 joins fd 2, so nothing the cell (or a subprocess) prints can corrupt a frame.
+    options = parse_args(sys.argv[1:])
+    output_fd = options["--output-fd"]
+    if output_fd < 0:
+        fatal("no --output-fd")
+    # The host channel moves to fds no one expects; fd 0 becomes /dev/null, fd 1 the output pipe.
     frame_in, frame_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    os.dup2(2, 1)
-    options = parse_args(sys.argv[1:])
+    os.dup2(output_fd, 1)
+    try:
+        prctl(PR_SET_DUMPABLE, 0)  # /proc/<this pid>/fd is closed to every other process
+        prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a cell become ours, to be killed
+    except (OSError, ImportError) as exc:
+        fatal(f"cannot secure the supervisor: {exc}")
     apply_limits(options["--memory-mb"], options["--max-processes"], options["--max-file-mb"])
-
-    channel = Channel(frame_in, frame_out)
-    repl = Repl(channel)
-    channel.send({"op": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
-    while True:
-        message = channel.receive()
-        if message is None or message.get("op") == "shutdown":
-            return 0
-        if message.get("op") != "execute":
-            fatal(f"unexpected op {message.get('op')!r}")
-        reply = repl.execute(message)
-        try:
-            channel.send(reply)
-        except (TypeError, ValueError, RecursionError) as exc:
-            # The SUBMIT value could not be encoded (cyclic, too large): report it as the error.
-            reply.pop("final", None)
-            reply["error"] = {
-                "type": type(exc).__name__,
-                "message": f"cannot send the cell result: {exc}",
-                "traceback": "",
-            }
-            channel.send(reply)
+    host = Channel(frame_in, frame_out)
+    supervisor = Supervisor(host, output_fd)
+    supervisor.start_child()
+    host.send({"op": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
+    supervisor.serve()
+    return 0
 
 
 if __name__ == "__main__":
