@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from fleet_worker.sandbox.boundary import Caps, CellResult
 from fleet_worker.sandbox.errors import (
     CellInterrupted,
     CellTimeout,
@@ -21,7 +22,7 @@ from fleet_worker.sandbox.errors import (
 )
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
-from fleet_worker.sandbox.session import CellResult, ReplSession
+from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.sandbox.workspace import WORKSPACE_DIRS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +42,9 @@ def open_lease(workspace: Path) -> Iterator[Callable[..., LocalSandboxLease]]:
         max_output_chars: int = 10_000, search_path: str | None = None, **settings: Any
     ) -> LocalSandboxLease:
         cfg = LocalSandboxConfig(**{"cell_timeout_seconds": 20.0, **settings})
-        provider = LocalSandboxProvider(cfg, max_output_chars=max_output_chars, search_path=search_path)
+        provider = LocalSandboxProvider(
+            cfg, caps=Caps(max_output_chars=max_output_chars), search_path=search_path
+        )
         lease = provider.acquire(workspace, "run-test")
         leases.append(lease)
         return lease
@@ -384,7 +387,9 @@ def test_code_runs_unprivileged(session: ReplSession) -> None:
 
 def test_missing_bwrap_without_unisolated_is_unavailable(tmp_path: Path) -> None:
     provider = LocalSandboxProvider(
-        LocalSandboxConfig(allow_unisolated=False), max_output_chars=1000, search_path=str(tmp_path)
+        LocalSandboxConfig(allow_unisolated=False),
+        caps=Caps(max_output_chars=1000),
+        search_path=str(tmp_path),
     )
     with pytest.raises(SandboxUnavailable) as raised:
         provider.check()

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from fleet_worker.sandbox.boundary import Caps, CellResult
 from fleet_worker.sandbox.errors import CellCrashed, CellTimeout
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
-from fleet_worker.sandbox.session import CellResult, ReplSession
+from fleet_worker.sandbox.session import ReplSession
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ def open_session(traversable_dir: Path) -> Iterator[Callable[..., ReplSession]]:
 
     def open_session(max_output_chars: int = 10_000, **settings: Any) -> ReplSession:
         cfg = LocalSandboxConfig(**{"cell_timeout_seconds": 20.0, **settings})
-        provider = LocalSandboxProvider(cfg, max_output_chars=max_output_chars)
+        provider = LocalSandboxProvider(cfg, caps=Caps(max_output_chars=max_output_chars))
         lease = provider.acquire(traversable_dir / "ws", "run-abuse")
         leases.append(lease)
         return lease.new_session()
@@ -109,7 +110,8 @@ def test_background_processes_die_with_their_cell(session: ReplSession) -> None:
         "import os\n"
         "live = [p for p in os.listdir('/proc') if p.isdigit()\n"
         "        and open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z']\n"
-        "print(sorted(n for n in (open(f'/proc/{p}/comm').read().strip() for p in live) if n in ('sh', 'sleep')))",
+        "names = [open(f'/proc/{p}/comm').read().strip() for p in live]\n"
+        "print(sorted(n for n in names if n in ('sh', 'sleep')))",
     )
     assert survivors.stdout == "[]\n", f"left behind: {survivors.stdout} (spinner {spinner})"
 

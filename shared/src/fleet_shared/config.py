@@ -52,6 +52,12 @@ class RLMSection(Section):
     max_iters: Annotated[int, msgspec.Meta(ge=1, le=200)] = 20
     max_llm_calls: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 50
     max_output_chars: Annotated[int, msgspec.Meta(ge=100)] = 10_000
+    # Host-side caps on what a Turn can produce (enforced before events and the DB).
+    max_answer_chars: Annotated[int, msgspec.Meta(ge=100, le=10_000_000)] = 100_000
+    max_tool_input_chars: Annotated[int, msgspec.Meta(ge=100, le=10_000_000)] = 100_000
+    max_events: Annotated[int, msgspec.Meta(ge=100, le=1_000_000)] = 5_000
+    max_history_turns: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 20
+    max_history_chars: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 50_000
     recursion: bool = False
 
 

@@ -43,8 +43,9 @@ from fleet_worker.dspy_adapter import (
 from fleet_worker.errors import ScriptExhausted, TurnStopped
 from fleet_worker.lm.script import ScriptCursor, completion_text, count_tokens, load_script
 from fleet_worker.sandbox import repl_main
+from fleet_worker.sandbox.boundary import Caps, CellResult, call_host_tool, parse_result
 from fleet_worker.sandbox.protocol import HEADER, decode_payload, encode_frame
-from fleet_worker.sandbox.session import CellResult, call_host_tool, parse_result, tool_params
+from fleet_worker.sandbox.session import tool_params
 
 # --- the public DSPy API we rely on ------------------------------------------------------------
 
@@ -286,7 +287,7 @@ class InProcessChannel:
         self.tools: Mapping[str, Callable[..., Any]] = {}
 
     def call_tool(self, name: str, kwargs: dict[str, Any]) -> Any:
-        frame = call_host_tool(self.tools, {"op": "tool_call", "name": name, "kwargs": kwargs})
+        frame = call_host_tool(self.tools, {"op": "tool_call", "name": name, "kwargs": kwargs}, Caps())
         reply = decode_payload(frame[HEADER.size :])
         if reply.get("ok"):
             return reply.get("value")
@@ -339,7 +340,8 @@ class InMemorySession:
             reply = self.repl.execute(decode_payload(encode_frame(request)[HEADER.size :]))
         text = captured.getvalue()
         stdout, truncated = text[: self.max_output_chars], len(text) > self.max_output_chars
-        return parse_result(json.loads(json.dumps(reply, default=repl_main.jsonable)), stdout, truncated)
+        message = json.loads(json.dumps(reply, default=repl_main.jsonable))
+        return parse_result(message, stdout, truncated, Caps(max_output_chars=self.max_output_chars))
 
     def interrupt(self) -> None:
         return None

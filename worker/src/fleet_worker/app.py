@@ -23,6 +23,7 @@ from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, seri
 from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import RETRY_ON, connect, listener, retry_policy
 from fleet_worker.control import CancelListener
+from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.turn import WorkerDeps, prepare_workspace_root, run_turn
@@ -49,7 +50,11 @@ def sandbox_provider(settings: Settings) -> LocalSandboxProvider:
             max_processes=local.max_processes,
             max_file_mb=local.max_file_mb,
         ),
-        max_output_chars=settings.profile.rlm.max_output_chars,
+        caps=Caps(
+            max_output_chars=settings.profile.rlm.max_output_chars,
+            max_answer_chars=settings.profile.rlm.max_answer_chars,
+            max_tool_input_chars=settings.profile.rlm.max_tool_input_chars,
+        ),
     )
     provider.check()
     return provider

@@ -28,6 +28,7 @@ from fleet_shared.events import (
     LMQueryStarted,
     Reasoning,
     RunEvent,
+    Warning,
 )
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, completion_text, count_tokens
@@ -117,10 +118,13 @@ class TurnObserver:
     run_id: str
     stop: threading.Event
     max_output_chars: int
+    max_llm_calls: int = 1_000_000  # mirrors DSPy's budget, so refused calls make no events
     iteration: int = 0
     step_open: bool = False
     pending_cell: bool = False
     lm_calls: int = 0
+    charged: int = 0  # prompts sent to the sub-LM so far (a batch charges one per prompt)
+    budget_warned: bool = False
     action_calls: set[str] = field(default_factory=set)
     usage_tracker: Any = None  # dspy's UsageTracker for this Turn, once the program runs
 
@@ -179,10 +183,22 @@ class TurnObserver:
             self.step_open = False
             self.emit(IterationFinished(run_id=self.run_id, iteration=self.iteration))
 
+    def warn_budget_once(self) -> None:
+        if not self.budget_warned:
+            self.budget_warned = True
+            message = f"the Turn used its {self.max_llm_calls} sub-LM calls; later calls were refused"
+            self.emit(Warning(run_id=self.run_id, code="llm_budget_exhausted", message=message))
+
     def wrap_lm_tool(self, name: str, tool: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(tool)  # keeps the signature: the sandbox maps positional args by it
         def observed(**kwargs: Any) -> Any:
             self.check_stop()
+            prompts = kwargs.get("prompts")
+            needed = len(prompts) if isinstance(prompts, list) else 1
+            if self.charged + needed > self.max_llm_calls:
+                self.warn_budget_once()
+                return tool(**kwargs)  # DSPy refuses it and tells the cell why; no events each
+            self.charged += needed
             self.lm_calls += 1
             call_id = f"{name}-{self.iteration}-{self.lm_calls}"
             self.emit(lm_query_started(self.run_id, call_id, name, kwargs))

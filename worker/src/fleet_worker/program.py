@@ -58,6 +58,7 @@ def start_program(
         run_id=sink.sequencer.run_id,
         stop=stop,
         max_output_chars=rlm.max_output_chars,
+        max_llm_calls=rlm.max_llm_calls,
     )
     cursor = None
     if settings.root_lm.scripted or settings.sub_lm.scripted:

@@ -11,23 +11,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import msgspec
 import structlog
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from fleet_shared.event_log import Appended, RunLog
-from fleet_shared.events import RunEvent, Sequencer
+from fleet_shared.events import (
+    CellOutput,
+    CodeCell,
+    IterationFinished,
+    IterationStarted,
+    LMQueryFinished,
+    LMQueryStarted,
+    Reasoning,
+    RunEvent,
+    Sequencer,
+    Warning,
+    encode_event,
+)
 from fleet_worker.lease import RunLease
+from fleet_worker.sandbox.boundary import clean
 
 log = structlog.get_logger(__name__)
 MIN_RETRY_SECONDS = 0.05
 MAX_RETRY_SECONDS = 1.0
 
 
+# What a Turn may drop once it has produced `max_events`: the steps, not its status or ending.
+STEP_EVENTS = (
+    IterationStarted,
+    IterationFinished,
+    Reasoning,
+    CodeCell,
+    CellOutput,
+    LMQueryStarted,
+    LMQueryFinished,
+)
+
+
 class EventSink:
-    def __init__(self, runlog: RunLog, run_id: str, lease: RunLease) -> None:
+    def __init__(self, runlog: RunLog, run_id: str, lease: RunLease, max_events: int = 1_000_000) -> None:
         self.runlog = runlog
         self.lease = lease
+        self.max_events = max_events
+        self.capped = False
+        self.broken: str | None = None  # why publishing stopped for a reason other than the fence
         self.sequencer = Sequencer(run_id)
         self.events: list[RunEvent] = []
         self.published = 0  # events[:published] are in the log
@@ -57,7 +86,13 @@ class EventSink:
     def emit(self, event: RunEvent) -> None:
         if self.sequencer.closed:
             return
-        self.events.append(self.sequencer.stamp(event))
+        if len(self.events) >= self.max_events and isinstance(event, STEP_EVENTS):
+            if not self.capped:  # one warning, then the steps go unrecorded
+                self.capped = True
+                message = f"the Turn produced over {self.max_events} events; later steps are not shown"
+                self.emit(Warning(run_id=event.run_id, code="events_capped", message=message))
+            return
+        self.events.append(self.sequencer.stamp(encodable(event)))
         self.wakeup.set()
 
     def stamp_terminal(self, event: RunEvent) -> RunEvent:
@@ -103,6 +138,10 @@ class EventSink:
                         log.warning("events.redis_unavailable", error_type=type(exc).__name__)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, MAX_RETRY_SECONDS)
+                except Exception as exc:  # a bug, or an event nothing could encode: the Turn fails
+                    log.error("events.pump_failed", error_type=type(exc).__name__, exc_info=exc)
+                    self.broken = f"{type(exc).__name__}: {exc}"[:500]
+                    return
             if self.held_back is None and self.published == len(self.events) and self.sequencer.closed:
                 return
 
@@ -123,3 +162,13 @@ class EventSink:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+
+
+def encodable(event: RunEvent) -> RunEvent:
+    """The event, or (rarely) a copy whose strings lost their lone surrogates: an LM's text, say.
+    Nothing that cannot be encoded reaches the log or the commit."""
+    try:
+        encode_event(event)
+    except UnicodeEncodeError:
+        return msgspec.convert(clean(msgspec.to_builtins(event)), type(event))
+    return event

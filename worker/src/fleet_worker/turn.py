@@ -21,10 +21,11 @@ from fleet_shared.config import Settings
 from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Session
 from fleet_shared.event_log import RunLog, lease_token
-from fleet_shared.events import Answer, RunEvent, RunFailed, StatusChanged
+from fleet_shared.events import Answer, RunEvent, RunFailed, StatusChanged, Warning
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker.control import CancelListener
+from fleet_worker.conversation import load_conversation
 from fleet_worker.errors import LeaseLost, SandboxFailed, TurnCancelled
 from fleet_worker.lease import RunLease
 from fleet_worker.lm.script import Script
@@ -147,7 +148,7 @@ async def hold(deps: WorkerDeps, claim: Claim, cleanup: AsyncExitStack) -> Turn:
     lease = await cleanup.enter_async_context(RunLease(deps.runlog, claim.run_id, token, seconds, still_ours))
     cleanup.enter_context(deps.cancels.watch(claim.run_id, lease.request_cancel))
     await deps.cancels.check_flags([claim.run_id])  # a cancel that came before the watch
-    sink = EventSink(deps.runlog, claim.run_id, lease)
+    sink = EventSink(deps.runlog, claim.run_id, lease, max_events=deps.settings.profile.rlm.max_events)
     cleanup.push_async_callback(sink.close)
     return Turn(claim, lease, sink)
 
@@ -167,7 +168,20 @@ async def prepare(
 ) -> tuple[str, list[dict[str, str]], LocalSandboxLease]:
     claim = turn.claim
     turn.sink.emit(StatusChanged(run_id=claim.run_id, phase="preparation"))
-    request, history = await load_conversation(deps, claim)
+    rlm = deps.settings.profile.rlm
+    conversation = await load_conversation(
+        deps.sessions,
+        claim.session_id,
+        claim.user_sequence,
+        max_turns=rlm.max_history_turns,
+        max_chars=rlm.max_history_chars,
+    )
+    if conversation.truncated:
+        message = (
+            f"the RLM sees only the last {rlm.max_history_turns} Turns of this session, "
+            f"{rlm.max_history_chars} characters at most"
+        )
+        turn.sink.emit(Warning(run_id=claim.run_id, code="history_truncated", message=message))
     workspace = deps.workspaces / claim.workspace_id
     loop = asyncio.get_running_loop()
     try:
@@ -177,7 +191,7 @@ async def prepare(
     except SandboxUnavailable as exc:
         raise SandboxFailed(str(exc), code="sandbox_unavailable") from None
     cleanup.push_async_callback(release_shielded, deps, sandbox)
-    return request, history, sandbox
+    return conversation.request, conversation.history, sandbox
 
 
 def prepare_workspace_root(root: Path) -> Path:
@@ -188,26 +202,6 @@ def prepare_workspace_root(root: Path) -> Path:
         if directory.stat().st_uid == os.geteuid():
             directory.chmod(0o711)
     return root
-
-
-async def load_conversation(deps: WorkerDeps, claim: Claim) -> tuple[str, list[dict[str, str]]]:
-    """This Turn's request, and the earlier request/answer pairs as dspy.History messages."""
-    async with deps.sessions() as db:
-        turns = await queries.list_turns(db, claim.session_id, after_sequence=0, limit=claim.user_sequence)
-    texts = {t.sequence: (t.role, t.status, text_of(t.parts)) for t in turns}
-    request = texts[claim.user_sequence][2]
-    history = [
-        {"request": text, "answer": texts[seq + 1][2]}
-        for seq, (role, _status, text) in sorted(texts.items())
-        if role == "user"
-        and seq < claim.user_sequence
-        and texts.get(seq + 1, ("", "", ""))[:2] == ("assistant", "completed")
-    ]
-    return request, history
-
-
-def text_of(parts: list[dict[str, Any]]) -> str:
-    return "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
 
 
 async def execute(
@@ -244,8 +238,13 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
     claim, sink = turn.claim, turn.sink
     sink.emit(StatusChanged(run_id=claim.run_id, phase="settling"))
     duration_ms = int((time.monotonic() - claim.started) * 1000)
+    if sink.broken and outcome.command is RunCommand.COMPLETE:
+        message = f"the Turn's events could not be published ({sink.broken})"
+        outcome = Outcome(RunCommand.FAIL, "failed", failure_code="sandbox_error", failure_message=message)
     if outcome.answer is not None:
-        sink.emit(Answer(run_id=claim.run_id, part_id="text-answer", text=outcome.answer))
+        sink.emit(
+            Answer(run_id=claim.run_id, part_id="text-answer", text=capped_answer(deps, sink, outcome.answer))
+        )
     usage = usage_event(claim.run_id, outcome, duration_ms)
     sink.emit(usage)
     terminal = sink.stamp_terminal(terminal_event(claim.run_id, outcome, duration_ms))
@@ -293,6 +292,17 @@ def commit_failed(settlement: runs.Settlement, terminal: RunEvent) -> runs.Settl
         failure_code="commit_failed",
         failure_message=message,
     )
+
+
+def capped_answer(deps: WorkerDeps, sink: EventSink, answer: str) -> str:
+    """The answer within `rlm.max_answer_chars` (SUBMIT's own check makes this a backstop for
+    answers DSPy assembled itself), with a warning when it was cut."""
+    limit = deps.settings.profile.rlm.max_answer_chars
+    if len(answer) <= limit:
+        return answer
+    message = f"the answer was {len(answer)} characters; it was cut to {limit} (rlm.max_answer_chars)"
+    sink.emit(Warning(run_id=sink.sequencer.run_id, code="answer_truncated", message=message))
+    return answer[:limit]
 
 
 def settle_deadline(deps: WorkerDeps, turn: Turn) -> float:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import structlog
 
+from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.errors import (
     SandboxError,
     SandboxUnavailable,
@@ -52,7 +53,7 @@ class LocalSandboxLease:
         run_id: str,
         launch: LaunchSpec,
         cfg: LocalSandboxConfig,
-        max_output_chars: int,
+        caps: Caps,
         isolated: bool,
         staged_driver: Path | None = None,
     ) -> None:
@@ -62,7 +63,7 @@ class LocalSandboxLease:
         self.isolated = isolated
         self._launch = launch
         self._cfg = cfg
-        self._max_output_chars = max_output_chars
+        self._caps = caps
         self._staged_driver = staged_driver
         self._sessions: list[ReplSession] = []
         self._released = False
@@ -79,7 +80,7 @@ class LocalSandboxLease:
                 self._launch,
                 cell_timeout_seconds=self._cfg.cell_timeout_seconds,
                 startup_timeout_seconds=self._cfg.startup_timeout_seconds,
-                max_output_chars=self._max_output_chars,
+                caps=self._caps,
                 label=self.run_id,
             )
             self._sessions.append(session)
@@ -127,14 +128,12 @@ class LocalSandboxProvider:
         self,
         cfg: LocalSandboxConfig,
         *,
-        max_output_chars: int,
+        caps: Caps,
         search_path: str | None = None,
     ) -> None:
         """`search_path` is the PATH used to find bwrap (default: this process's PATH)."""
-        if max_output_chars <= 0:
-            raise ValueError("max_output_chars must be positive")
         self._cfg = cfg
-        self._max_output_chars = max_output_chars
+        self._caps = caps
         self._search_path = search_path
         # A root worker never runs cells as host root: bwrap itself drops to the sandbox uid.
         self._run_as = SANDBOX_UID if os.geteuid() == 0 else None
@@ -236,7 +235,7 @@ class LocalSandboxProvider:
             run_id=run_id,
             launch=launch,
             cfg=self._cfg,
-            max_output_chars=self._max_output_chars,
+            caps=self._caps,
             isolated=isolation.bwrap is not None,
             staged_driver=staged,
         )

@@ -14,12 +14,12 @@ from typing import Any
 
 import structlog
 
+from fleet_worker.sandbox.boundary import Caps, CellResult, call_host_tool, parse_result
 from fleet_worker.sandbox.errors import (
     CellCrashed,
     CellInterrupted,
     CellTimeout,
     FrameTimeout,
-    FrameTooLarge,
     SandboxCrashed,
     SandboxError,
 )
@@ -43,25 +43,6 @@ RESERVED_NAMES = frozenset({"SUBMIT", "__builtins__"})
 SHUTDOWN_GRACE_SECONDS = 2.0
 
 
-@dataclass(frozen=True)
-class CellError:
-    """An exception raised by a cell, as the REPL reported it."""
-
-    type: str
-    message: str
-    traceback: str
-
-
-@dataclass(frozen=True)
-class CellResult:
-    """What one cell produced: its output (read on the host), plus SUBMIT's values or its error."""
-
-    stdout: str
-    truncated: bool
-    final: dict[str, Any] | None
-    error: CellError | None
-
-
 def tool_params(tool: Callable[..., Any]) -> list[str]:
     """Names that positional arguments of a tool call map onto, in order."""
     try:
@@ -70,46 +51,6 @@ def tool_params(tool: Callable[..., Any]) -> list[str]:
         return []
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return [p.name for p in signature.parameters.values() if p.kind in positional]
-
-
-def call_host_tool(tools: Mapping[str, Callable[..., Any]], message: Mapping[str, Any]) -> bytes:
-    """Run one tool_call on the host and encode its tool_result; tool errors go back to the cell."""
-    name = message.get("name")
-    kwargs = message.get("kwargs")
-    tool = tools.get(name) if isinstance(name, str) else None
-    reply: dict[str, Any]
-    if tool is None:
-        reply = {"op": "tool_result", "ok": False, "error": f"unknown tool {name!r}"}
-    elif not isinstance(kwargs, dict):
-        reply = {"op": "tool_result", "ok": False, "error": "tool arguments must be an object"}
-    else:
-        try:
-            reply = {"op": "tool_result", "ok": True, "value": tool(**kwargs)}
-        except Exception as exc:
-            reply = {"op": "tool_result", "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    try:
-        return encode_frame(reply)
-    except (FrameTooLarge, TypeError, ValueError) as exc:
-        error = f"tool {name!r} returned a value that cannot be sent to the sandbox: {exc}"
-        return encode_frame({"op": "tool_result", "ok": False, "error": error})
-
-
-def parse_result(message: Mapping[str, Any], stdout: str, truncated: bool) -> CellResult:
-    """Turn a result frame (and the output read meanwhile) into a CellResult; a malformed frame
-    means a broken REPL."""
-    final, error = message.get("final"), message.get("error")
-    if final is not None and not isinstance(final, dict):
-        raise SandboxCrashed("REPL sent a non-object SUBMIT value")
-    if error is not None and not isinstance(error, dict):
-        raise SandboxCrashed("REPL sent a malformed cell error")
-    cell_error = None
-    if error is not None:
-        cell_error = CellError(
-            type=str(error.get("type", "Exception")),
-            message=str(error.get("message", "")),
-            traceback=str(error.get("traceback", "")),
-        )
-    return CellResult(stdout=stdout, truncated=truncated, final=final, error=cell_error)
 
 
 @dataclass
@@ -132,13 +73,14 @@ class ReplSession:
         *,
         cell_timeout_seconds: float,
         startup_timeout_seconds: float,
-        max_output_chars: int,
+        caps: Caps,
         label: str = "repl",
     ) -> None:
         self._launch = launch
         self._cell_timeout = cell_timeout_seconds
         self._startup_timeout = startup_timeout_seconds
-        self._max_output_chars = max_output_chars
+        self._caps = caps
+        self._max_output_chars = caps.max_output_chars
         self._label = label
         # One cell (or start) at a time; interrupt() and a busy shutdown() skip this lock.
         self._exec_lock = threading.RLock()
@@ -218,7 +160,7 @@ class ReplSession:
                     truncated=truncated,
                 )
             if message is not None:
-                return parse_result(message, stdout, truncated)
+                return parse_result(message, stdout, truncated, self._caps)
             if isinstance(failure, FrameTimeout):
                 self._discard(repl)
                 self._respawn_quietly()
@@ -322,7 +264,7 @@ class ReplSession:
             message = read_frame(from_repl, deadline, watch=watch)
             op = message.get("op")
             if op == "tool_call":
-                write_all(to_repl, call_host_tool(tools, message), deadline)
+                write_all(to_repl, call_host_tool(tools, message, self._caps), deadline)
             elif op == "result":
                 if message.get("id") != request_id:
                     raise SandboxCrashed(f"REPL answered cell {message.get('id')!r}")

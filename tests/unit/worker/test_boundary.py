@@ -1,0 +1,72 @@
+"""What crosses back from a sandbox: cleaned and capped on the host (pure functions, no I/O)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleet_worker.conversation import CUT_MARK, bounded
+from fleet_worker.sandbox.boundary import Caps, call_host_tool, clean, parse_result
+from fleet_worker.sandbox.protocol import HEADER
+
+
+def test_clean_replaces_lone_surrogates_at_any_depth() -> None:
+    dirty = json.loads('{"a\\ud800": ["x\\udfff", {"k": "\\ud83d\\ude00 ok"}], "n": 1}')
+    cleaned = clean(dirty)
+    assert cleaned == {"a\ufffd": ["x\ufffd", {"k": "\U0001f600 ok"}], "n": 1}
+    json.dumps(cleaned, ensure_ascii=False).encode("utf-8")  # encodable now
+
+
+def test_an_oversized_submit_becomes_the_cells_error() -> None:
+    caps = Caps(max_answer_chars=100)
+    result = parse_result({"op": "result", "id": 1, "final": {"answer": "x" * 500}}, "out", False, caps)
+    assert result.final is None and result.error is not None
+    assert result.error.type == "AnswerTooLarge" and "rlm.max_answer_chars" in result.error.message
+    fits = parse_result({"op": "result", "id": 1, "final": {"answer": "x" * 50}}, "", False, caps)
+    assert fits.final == {"answer": "x" * 50} and fits.error is None
+
+
+def test_error_text_is_capped() -> None:
+    caps = Caps(max_output_chars=100)
+    error = {"type": "E", "message": "m" * 1000, "traceback": "t" * 1000}
+    result = parse_result({"op": "result", "id": 1, "error": error}, "", False, caps)
+    assert result.error is not None
+    assert len(result.error.message) < 200 and result.error.message.endswith("characters cut]")
+
+
+def test_oversized_tool_arguments_are_refused_before_the_tool_runs() -> None:
+    calls: list[str] = []
+
+    def llm_query(prompt: str) -> str:
+        calls.append(prompt)
+        return "ok"
+
+    frame = call_host_tool(
+        {"llm_query": llm_query},
+        {"op": "tool_call", "name": "llm_query", "kwargs": {"prompt": "p" * 5000}},
+        Caps(max_tool_input_chars=1000),
+    )
+    reply = json.loads(frame[HEADER.size :])
+    assert reply["ok"] is False and "rlm.max_tool_input_chars" in reply["error"] and calls == []
+
+
+@pytest.mark.parametrize(
+    ("sizes", "max_chars", "kept", "cut"),
+    [
+        ([10, 10, 10], 100, 3, False),
+        ([20, 20, 20], 45, 2, True),  # the newest two fit; no room is left for the oldest
+        ([20, 100], 70, 1, True),  # a Turn too big for the room left is cut to fit
+        ([100], 50, 1, True),
+        ([100], 0, 0, True),
+    ],
+)
+def test_history_keeps_the_newest_turns_that_fit(
+    sizes: list[int], max_chars: int, kept: int, cut: bool
+) -> None:
+    pairs = [{"request": "q" * (n // 2), "answer": "a" * (n // 2)} for n in sizes]
+    history, was_cut = bounded(pairs, max_chars)
+    assert (len(history), was_cut) == (kept, cut)
+    assert sum(len(p["request"]) + len(p["answer"]) for p in history) <= max_chars + 2 * len(CUT_MARK)
+    if history:
+        assert history[-1] == pairs[-1] or max_chars < sizes[-1]

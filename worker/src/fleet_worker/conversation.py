@@ -1,0 +1,77 @@
+"""A Turn's request and the session's earlier Turns as dspy.History, bounded by policy.
+
+Only the last `rlm.max_history_turns` answered Turns, and at most `rlm.max_history_chars` of their
+text, reach the RLM: a long session can never outgrow a prompt or the sandbox's frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from fleet_shared.db import queries
+
+CUT_MARK = "\n[... cut]"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    request: str
+    history: list[dict[str, str]]
+    truncated: bool  # older Turns, or parts of them, were left out
+
+
+async def load_conversation(
+    sessions: async_sessionmaker[AsyncSession],
+    session_id: str,
+    user_sequence: int,
+    *,
+    max_turns: int,
+    max_chars: int,
+) -> Conversation:
+    # Two rows (request, answer) per earlier Turn, plus this Turn's request; one more for a
+    # request whose answer failed (it is skipped, not counted).
+    first = max(0, user_sequence - 2 * max_turns - 2)
+    async with sessions() as db:
+        turns = await queries.list_turns(db, session_id, after_sequence=first, limit=user_sequence - first)
+    texts = {t.sequence: (t.role, t.status, text_of(t.parts)) for t in turns}
+    request = texts[user_sequence][2]
+    pairs = [
+        {"request": text, "answer": texts[seq + 1][2]}
+        for seq, (role, _status, text) in sorted(texts.items())
+        if role == "user"
+        and seq < user_sequence
+        and texts.get(seq + 1, ("", "", ""))[:2] == ("assistant", "completed")
+    ]
+    history, cut = bounded(pairs[-max_turns:] if max_turns else [], max_chars)
+    earlier = first > 0 or len(pairs) > max_turns
+    return Conversation(request, history, truncated=cut or (earlier and bool(pairs)))
+
+
+def bounded(pairs: list[dict[str, str]], max_chars: int) -> tuple[list[dict[str, str]], bool]:
+    """The newest pairs that fit in `max_chars`; the oldest one kept may be cut to fit."""
+    kept: list[dict[str, str]] = []
+    room = max_chars
+    for pair in reversed(pairs):
+        size = len(pair["request"]) + len(pair["answer"])
+        if size <= room:
+            kept.append(pair)
+            room -= size
+            continue
+        if room > 2 * len(CUT_MARK):
+            half = room // 2 - len(CUT_MARK)
+            kept.append({key: cut(value, half) for key, value in pair.items()})
+        kept.reverse()
+        return kept, True
+    kept.reverse()
+    return kept, False
+
+
+def cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + CUT_MARK
+
+
+def text_of(parts: list[dict[str, Any]]) -> str:
+    return "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
