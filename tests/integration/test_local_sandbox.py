@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import socket
 import threading
 import time
@@ -376,10 +377,17 @@ def test_usr_is_read_only(session: ReplSession) -> None:
     assert ok(session, code).strip() in {str(errno.EROFS), str(errno.EACCES)}
 
 
-def test_code_runs_unprivileged(session: ReplSession) -> None:
+def test_code_runs_unprivileged(session: ReplSession, workspace: Path) -> None:
     code = "import os\nprint(os.getuid(), os.getgid(), os.access('/proc/sys/kernel/core_pattern', os.W_OK))"
+    uid, gid, writable = ok(session, code).split()
     # Also on root hosts: writable global sysctls would mean the jail's uid is host root.
-    assert ok(session, code) == "65534 65534 False\n"
+    assert writable == "False" and uid == gid
+    if os.geteuid() == 0:  # a uid of the configured range, never root and never nobody
+        config = LocalSandboxConfig()
+        assert config.uid_base <= int(uid) < config.uid_base + config.uid_count
+        assert workspace.stat().st_uid == int(uid)
+    else:
+        assert int(uid) == os.geteuid()
 
 
 # --- availability --------------------------------------------------------------------------

@@ -90,6 +90,7 @@ class Health(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     status: str
     version: str
     checks: dict[str, str] = {}
+    details: dict[str, str] = {}  # informative, never a reason to be unready (sandbox modes)
 
 
 class RunOut(msgspec.Struct, frozen=True, kw_only=True):

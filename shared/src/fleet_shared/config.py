@@ -68,6 +68,13 @@ class LocalSandboxSection(Section):
     memory_mb: Annotated[int, msgspec.Meta(ge=64)] = 1024
     max_processes: Annotated[int, msgspec.Meta(ge=1)] = 64
     max_file_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
+    tmp_mb: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 256
+    workspace_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    cpus: Annotated[float, msgspec.Meta(gt=0, le=256)] = 1.0
+    uid_base: Annotated[int, msgspec.Meta(ge=1000, le=2**31 - 2**17)] = 200_000
+    uid_count: Annotated[int, msgspec.Meta(ge=1, le=2**17)] = 65_536
+    pool_size: Annotated[int, msgspec.Meta(ge=0, le=256)] = 4
+    pool_idle_seconds: Annotated[float, msgspec.Meta(ge=1)] = 300
 
 
 class DaytonaSection(Section):

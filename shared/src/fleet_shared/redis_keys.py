@@ -45,6 +45,17 @@ def run_cancel(run_id: str) -> str:
     return f"{PREFIX}:run:{{{run_id}}}:cancel"
 
 
+WORKER_SANDBOX_TTL_SECONDS = 30
+
+
+def worker_sandbox(worker_id: str) -> str:
+    """What isolation a live worker's sandboxes get (its mode line); expires with the worker."""
+    return f"{PREFIX}:worker:{worker_id}:sandbox"
+
+
+WORKER_SANDBOX_PATTERN = f"{PREFIX}:worker:*:sandbox"
+
+
 def sweeper() -> str:
     """Held for one sweep interval by the process that sweeps for lost Runs this time."""
     return f"{PREFIX}:sweeper"

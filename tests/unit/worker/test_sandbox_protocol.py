@@ -17,6 +17,7 @@ from fleet_worker.sandbox.jail import (
     DRIVER_MOUNT,
     DRIVER_SOURCE,
     OUTPUT_FD_PLACEHOLDER,
+    SECCOMP_FD_PLACEHOLDER,
     WORKSPACE_MOUNT,
     LocalSandboxConfig,
     bwrap_command,
@@ -156,15 +157,19 @@ def pairs(argv: list[str], flag: str) -> list[tuple[str, str]]:
 def test_bwrap_command(python: str, executable: str, prefix: str | None, tmp_path: Path) -> None:
     cfg = LocalSandboxConfig(memory_mb=512, max_processes=32, max_file_mb=8)
     workspace = tmp_path / "ws"
-    argv = bwrap_command(cfg, workspace, python, DRIVER_SOURCE, bwrap="/usr/bin/bwrap")
+    argv = bwrap_command(cfg, workspace, python, DRIVER_SOURCE, uid=201234, bwrap="/usr/bin/bwrap")
     options, command = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
 
     assert options[0] == "/usr/bin/bwrap"
-    for flag in ("--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"):
+    for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"):
         assert flag in options
     assert "--share-net" not in options
-    assert options[options.index("--uid") + 1] == "65534"
-    assert options[options.index("--gid") + 1] == "65534"
+    assert options[options.index("--uid") + 1] == "201234"
+    assert options[options.index("--gid") + 1] == "201234"
+    assert options[options.index("--seccomp") + 1] == SECCOMP_FD_PLACEHOLDER
+    # /tmp is a tmpfs of bounded size (--size applies to the --tmpfs right after it).
+    assert options[options.index("--size") + 1] == str(cfg.tmp_mb * 2**20)
+    assert options.index("--tmpfs") == options.index("--size") + 2
     # The environment is cleared first, then exactly these variables are set.
     setenvs = [i for i, arg in enumerate(options) if arg == "--setenv"]
     assert options.index("--clearenv") < min(setenvs)
@@ -212,7 +217,7 @@ def test_bwrap_command(python: str, executable: str, prefix: str | None, tmp_pat
 
 
 def test_bwrap_command_mirrors_merged_usr_symlinks(tmp_path: Path) -> None:
-    argv = bwrap_command(LocalSandboxConfig(), tmp_path, "/usr/bin/python3", DRIVER_SOURCE)
+    argv = bwrap_command(LocalSandboxConfig(), tmp_path, "/usr/bin/python3", DRIVER_SOURCE, uid=1)
     for name in ("bin", "lib", "lib64", "sbin"):
         host = Path("/") / name
         if host.is_symlink():
@@ -224,7 +229,7 @@ def test_bwrap_command_runs_a_symlinked_python_from_its_real_path(tmp_path: Path
     link = tmp_path / "venv" / "bin" / "python"
     link.parent.mkdir(parents=True)
     link.symlink_to("/usr/bin/python3")
-    argv = bwrap_command(LocalSandboxConfig(), tmp_path, str(link), DRIVER_SOURCE)
+    argv = bwrap_command(LocalSandboxConfig(), tmp_path, str(link), DRIVER_SOURCE, uid=1)
     executable = argv[argv.index("--") + 1]
     assert executable == os.path.realpath("/usr/bin/python3")
     assert all(not source.startswith(str(tmp_path / "venv")) for source in bind_sources(argv))

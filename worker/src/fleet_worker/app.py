@@ -15,7 +15,10 @@ import structlog
 from arq import Worker
 from arq.connections import ArqRedis, RedisSettings
 from arq.worker import func
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from fleet_shared import redis_keys
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.event_log import RunLog
@@ -49,6 +52,13 @@ def sandbox_provider(settings: Settings) -> LocalSandboxProvider:
             memory_mb=local.memory_mb,
             max_processes=local.max_processes,
             max_file_mb=local.max_file_mb,
+            tmp_mb=local.tmp_mb,
+            workspace_mb=local.workspace_mb,
+            cpus=local.cpus,
+            uid_base=local.uid_base,
+            uid_count=local.uid_count,
+            pool_size=local.pool_size,
+            pool_idle_seconds=local.pool_idle_seconds,
         ),
         caps=Caps(
             max_output_chars=settings.profile.rlm.max_output_chars,
@@ -107,27 +117,30 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             cancels=cancels,
             worker_id=worker_id,
         )
+        ctx["announce"] = asyncio.create_task(announce_sandbox(redis, worker_id, sandboxes.mode))
         if not burst:  # a burst worker (tests) sweeps only when asked
             sweeper = make_sweeper(deps, ctx["redis"])
             ctx["sweeper"] = asyncio.create_task(
                 sweeper.run_forever(SWEEP_INTERVAL_SECONDS), name="fleet-sweep"
             )
-        log.info("worker.started", queue=queue, concurrency=concurrency)
+        log.info("worker.started", queue=queue, concurrency=concurrency, sandbox=sandboxes.mode)
 
     async def shutdown(ctx: dict[str, Any]) -> None:
         if ctx.get("closed"):
             return
-        sweeper: asyncio.Task[None] | None = ctx.get("sweeper")
-        if sweeper is not None:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+        for name in ("sweeper", "announce"):
+            task: asyncio.Task[None] | None = ctx.get(name)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         deps: WorkerDeps | None = ctx.get("deps")
         if deps is not None:
             await deps.cancels.stop()
             await deps.cancels.listener.aclose()
             await deps.redis.aclose()
             deps.programs.shutdown(wait=False, cancel_futures=True)
+            await asyncio.get_running_loop().run_in_executor(deps.sandbox_ops, deps.sandboxes.close)
             deps.sandbox_ops.shutdown(wait=False)
         if "engine" in ctx:
             await ctx["engine"].dispose()
@@ -154,6 +167,15 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         burst=burst,
         handle_signals=not burst,
     )
+
+
+async def announce_sandbox(redis: Redis, worker_id: str, mode: str) -> None:
+    """Keep this worker's sandbox mode where /ready can show it, for as long as it lives."""
+    key = redis_keys.worker_sandbox(worker_id)
+    while True:
+        with contextlib.suppress(RedisError, OSError):
+            await redis.set(key, mode, ex=redis_keys.WORKER_SANDBOX_TTL_SECONDS)
+        await asyncio.sleep(redis_keys.WORKER_SANDBOX_TTL_SECONDS / 3)
 
 
 def make_sweeper(deps: WorkerDeps, arq: ArqRedis) -> Sweeper:

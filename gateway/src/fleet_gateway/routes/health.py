@@ -14,6 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from fleet_gateway.schemas import Health
 from fleet_gateway.state import GatewayState
+from fleet_shared import redis_keys
 from fleet_shared.db.engine import HEAD_REVISION, current_revision, is_read_only
 from fleet_shared.queue import health_check_key
 
@@ -34,7 +35,8 @@ async def ready(gw: NamedDependency[GatewayState]) -> Response[Health]:
     )
     checks = dict(zip(names, results, strict=True))
     ok = all(result == "ok" for result in results)
-    body = Health(status="ok" if ok else "unavailable", version=VERSION, checks=checks)
+    details = {"sandbox": await bounded(sandbox_modes(gw))}
+    body = Health(status="ok" if ok else "unavailable", version=VERSION, checks=checks, details=details)
     return Response(body, status_code=200 if ok else 503)
 
 
@@ -66,6 +68,16 @@ async def check_redis(gw: GatewayState) -> str:
     except (RedisError, OSError) as exc:
         return f"unreachable: {type(exc).__name__}"
     return "ok"
+
+
+async def sandbox_modes(gw: GatewayState) -> str:
+    """What isolation the live workers' sandboxes get (each worker announces its own)."""
+    try:
+        keys = [key async for key in gw.probe.scan_iter(match=redis_keys.WORKER_SANDBOX_PATTERN, count=100)]
+        modes = {value.decode() for value in await gw.probe.mget(keys) if value} if keys else set()
+    except (RedisError, OSError):
+        return "unknown: redis unreachable"
+    return "; ".join(sorted(modes)) or "unknown: no worker has reported"
 
 
 async def check_worker(gw: GatewayState) -> str:

@@ -54,6 +54,10 @@ class SandboxCrashed(SandboxError):
     """The REPL process died or broke the frame protocol; the session cannot be used again."""
 
 
+class SandboxStopped(SandboxCrashed):
+    """The host stopped a REPL on purpose mid-cell (it was frozen, or it overran a budget)."""
+
+
 class FrameTimeout(SandboxError):
     """A frame could not be read or written before its deadline."""
 

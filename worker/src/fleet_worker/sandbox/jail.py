@@ -10,19 +10,16 @@ from pathlib import Path
 
 import structlog
 
-from fleet_worker.sandbox.errors import (
-    SandboxUnavailable,
-)
+from fleet_worker.sandbox.cgroups import Cgroups, Limits
+from fleet_worker.sandbox.errors import SandboxUnavailable
 
 log = structlog.get_logger(__name__)
 
 
-# The uid/gid code runs as inside the jail, and on root hosts the real host uid bwrap runs as.
-SANDBOX_UID = 65534
-SANDBOX_GID = 65534
 WORKSPACE_MOUNT = "/workspace"
-# Replaced by the output pipe's fd number when a REPL is spawned (fleet_worker.sandbox.process).
+# Replaced by fd numbers when a REPL is spawned (fleet_worker.sandbox.process).
 OUTPUT_FD_PLACEHOLDER = "{output-fd}"
+SECCOMP_FD_PLACEHOLDER = "{seccomp-fd}"
 DRIVER_MOUNT = "/opt/fleet/repl_main.py"
 DRIVER_SOURCE = Path(__file__).with_name("repl_main.py")
 # Top-level host dirs that hold the OS (merged-usr hosts make all but /usr symlinks into it).
@@ -36,9 +33,16 @@ class LocalSandboxConfig:
     allow_unisolated: bool = False
     python: str = "auto"
     cell_timeout_seconds: float = 60.0
-    memory_mb: int = 1024
+    memory_mb: int = 1024  # the whole REPL (every process, /tmp included) with a cgroup; else each process
     max_processes: int = 64
     max_file_mb: int = 64
+    tmp_mb: int = 256  # /tmp, a tmpfs in RAM
+    workspace_mb: int = 1024  # what /workspace may grow to during a cell
+    cpus: float = 1.0  # CPU time per wall second, with a cgroup
+    uid_base: int = 200_000  # on a root worker, each workspace's sandbox runs as one uid of
+    uid_count: int = 65_536  # [uid_base, uid_base + uid_count): never a real user, never nobody
+    pool_size: int = 4  # warm REPLs kept for workspaces whose next Run is likely soon
+    pool_idle_seconds: float = 300.0
     startup_timeout_seconds: float = 10.0
 
 
@@ -51,6 +55,9 @@ class LaunchSpec:
     cwd: str
     # Host uid (and gid) to drop to before exec; None keeps the worker's own identity.
     run_as: int | None = None
+    seccomp: bytes | None = None  # the BPF program for bwrap's --seccomp
+    cgroups: Cgroups | None = None  # one cgroup per REPL, with `limits`
+    limits: Limits | None = None
 
 
 def resolve_python(cfg: LocalSandboxConfig) -> str:
@@ -134,7 +141,9 @@ def bwrap_command(
     python: str,
     driver: Path,
     *,
+    uid: int,
     bwrap: str = "bwrap",
+    seccomp: bool = True,
 ) -> list[str]:
     """The bwrap argv for one REPL; only /usr, the interpreter and the workspace are visible."""
     executable, prefix = python_mount(python)
@@ -143,19 +152,22 @@ def bwrap_command(
         # Every namespace, network included: the jail has only its own, empty loopback.
         "--unshare-all",
         "--unshare-user",
+        "--disable-userns",  # and no user namespace of its own inside
         "--uid",
-        str(SANDBOX_UID),
+        str(uid),
         "--gid",
-        str(SANDBOX_GID),
+        str(uid),
         "--die-with-parent",
         "--new-session",
         "--clearenv",
     ]
+    if seccomp:
+        argv += ["--seccomp", SECCOMP_FD_PLACEHOLDER]
     for key, value in sandbox_env(WORKSPACE_MOUNT).items():
         argv += ["--setenv", key, value]
     # No /etc at all: python -I -S needs nothing from it.
     argv += ["--ro-bind", "/usr", "/usr", *system_links()]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(cfg.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
     if prefix is not None:
         argv += ["--ro-bind", prefix, prefix]
     argv += [

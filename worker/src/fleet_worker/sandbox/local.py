@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -12,13 +13,13 @@ from pathlib import Path
 import structlog
 
 from fleet_worker.sandbox.boundary import Caps
+from fleet_worker.sandbox.cgroups import Cgroups, Limits
 from fleet_worker.sandbox.errors import (
     SandboxError,
     SandboxUnavailable,
 )
 from fleet_worker.sandbox.jail import (
     DRIVER_SOURCE,
-    SANDBOX_UID,
     WORKSPACE_MOUNT,
     LaunchSpec,
     LocalSandboxConfig,
@@ -27,14 +28,23 @@ from fleet_worker.sandbox.jail import (
     sandbox_env,
     unisolated_command,
 )
+from fleet_worker.sandbox.pool import WarmPool
 from fleet_worker.sandbox.session import ReplSession
-from fleet_worker.sandbox.workspace import HOST_PATHS, prepare_layout, sanitize, unreachable_ancestor
+from fleet_worker.sandbox.syscalls import build_filter
+from fleet_worker.sandbox.workspace import (
+    HOST_PATHS,
+    WorkspaceBudget,
+    prepare_layout,
+    sanitize,
+    unreachable_ancestor,
+)
 
 log = structlog.get_logger(__name__)
+PROBE_RUN = "probe"
 
 
 def stage_driver() -> Path:
-    """Copy the driver where uid 65534 can read it, whatever the install's permissions."""
+    """Copy the driver where any sandbox uid can read it, whatever the install's permissions."""
     directory = Path(tempfile.mkdtemp(prefix="fleet-repl-"))
     directory.chmod(0o755)
     target = directory / "repl_main.py"
@@ -55,7 +65,7 @@ class LocalSandboxLease:
         cfg: LocalSandboxConfig,
         caps: Caps,
         isolated: bool,
-        staged_driver: Path | None = None,
+        pool: WarmPool | None = None,
     ) -> None:
         self.workspace = workspace
         self.run_id = run_id
@@ -64,7 +74,8 @@ class LocalSandboxLease:
         self._launch = launch
         self._cfg = cfg
         self._caps = caps
-        self._staged_driver = staged_driver
+        self._pool = pool
+        self._warm = pool.take(workspace) if pool is not None else None
         self._sessions: list[ReplSession] = []
         self._released = False
         self._lock = threading.Lock()
@@ -76,15 +87,19 @@ class LocalSandboxLease:
                 raise SandboxError(f"the sandbox lease of run {self.run_id} was released")
             if self._launch.run_as is not None:
                 sanitize(self.workspace, self._launch.run_as)  # files the host added since acquire()
-            session = ReplSession(
-                self._launch,
-                cell_timeout_seconds=self._cfg.cell_timeout_seconds,
-                startup_timeout_seconds=self._cfg.startup_timeout_seconds,
-                caps=self._caps,
-                label=self.run_id,
-            )
+            session, self._warm = self._warm or self.make_session(), None
             self._sessions.append(session)
             return session
+
+    def make_session(self) -> ReplSession:
+        return ReplSession(
+            self._launch,
+            cell_timeout_seconds=self._cfg.cell_timeout_seconds,
+            startup_timeout_seconds=self._cfg.startup_timeout_seconds,
+            caps=self._caps,
+            budget=WorkspaceBudget(self.workspace, self._cfg.workspace_mb * 2**20),
+            label=f"{self.run_id}-next" if self._released else self.run_id,
+        )
 
     def interrupt(self) -> None:
         """Kill whatever cell is running in any of this lease's sessions (a stop or a timeout)."""
@@ -100,6 +115,9 @@ class LocalSandboxLease:
                 return
             self._released = True
             sessions, self._sessions = self._sessions, []
+            if self._warm is not None:  # taken from the pool, never used: it goes down too
+                sessions.append(self._warm)
+                self._warm = None
         for session in sessions:
             try:
                 session.shutdown()
@@ -109,16 +127,30 @@ class LocalSandboxLease:
             sanitize(self.workspace, self._launch.run_as)
         except OSError as exc:
             log.warning("sandbox.sanitize_failed", run_id=self.run_id, error=str(exc))
-        if self._staged_driver is not None:
-            shutil.rmtree(self._staged_driver.parent, ignore_errors=True)
+            return
+        if self._pool is not None:  # a fresh REPL for this workspace's next Run
+            self._pool.prewarm(self.workspace, self.make_session)
 
 
 @dataclass(frozen=True)
 class Isolation:
-    """What check() settled on: the bwrap binary (None means unisolated) and the interpreter."""
+    """What check() settled on: the bwrap binary (None means unisolated), the interpreter, the
+    seccomp program (None when libseccomp is missing) and the cgroups (mode `none` if none)."""
 
     bwrap: str | None
     python: str
+    seccomp: bytes | None = None
+    cgroups: Cgroups | None = None
+
+    @property
+    def mode(self) -> str:
+        """One line for the startup log and /ready: what this worker's sandboxes get."""
+        if self.bwrap is None:
+            return "UNISOLATED (plain subprocesses: no jail)"
+        parts = ["bwrap", "seccomp" if self.seccomp else "no seccomp"]
+        cgroups = self.cgroups
+        parts.append(cgroups.mode if cgroups and cgroups.bases else "rlimits only")
+        return "+".join(parts)
 
 
 class LocalSandboxProvider:
@@ -135,10 +167,12 @@ class LocalSandboxProvider:
         self._cfg = cfg
         self._caps = caps
         self._search_path = search_path
-        # A root worker never runs cells as host root: bwrap itself drops to the sandbox uid.
-        self._run_as = SANDBOX_UID if os.geteuid() == 0 else None
+        # A root worker never runs cells as host root: each workspace's REPLs get a uid of their own.
+        self._root = os.geteuid() == 0
         self._isolation: Isolation | None = None
-        self._lock = threading.Lock()
+        self._driver: Path | None = None
+        self._pool = WarmPool(cfg.pool_size, cfg.pool_idle_seconds)
+        self._lock = threading.RLock()
 
     def check(self) -> None:
         """Settle how cells will run; SandboxUnavailable if they cannot run isolated and must."""
@@ -146,9 +180,23 @@ class LocalSandboxProvider:
             if self._isolation is None:
                 self._isolation = self._settle()
 
+    @property
+    def mode(self) -> str:
+        self.check()
+        assert self._isolation is not None
+        return self._isolation.mode
+
+    def sandbox_uid(self, workspace: Path) -> int | None:
+        """The host uid a workspace's REPLs run as on a root worker (None: the worker's own)."""
+        if not self._root:
+            return None
+        digest = int(hashlib.sha256(workspace.name.encode()).hexdigest(), 16)
+        return self._cfg.uid_base + digest % self._cfg.uid_count
+
     def can_reach(self, root: Path) -> bool:
-        """Whether sandboxed code (uid 65534 on a root worker) can pass through to `root`."""
-        return self._run_as is None or unreachable_ancestor(root / "probe", self._run_as) is None
+        """Whether sandboxed code (its own uid on a root worker) can pass through to `root`."""
+        uid = self.sandbox_uid(root / "probe")
+        return uid is None or unreachable_ancestor(root / "probe", uid) is None
 
     def acquire(self, workspace: Path, run_id: str) -> LocalSandboxLease:
         """Prepare `workspace` (memory/ skills/ attachments/ artifacts/) and lease it to a run."""
@@ -163,13 +211,17 @@ class LocalSandboxProvider:
                 f"the sandbox interpreter {python} does not exist or is not executable",
                 fix="install python3 or set sandbox.local.python",
             )
+        seccomp, cgroups = self._seccomp(), Cgroups.detect(self._limits())
+        if not cgroups.bases:
+            log.warning("sandbox.no_cgroups", reason=cgroups.reason, detail="limits are per process only")
         bwrap = shutil.which("bwrap", path=self._search_path)
         if bwrap is None:
             problem = "bubblewrap (bwrap) was not found on PATH"
         else:
-            failure = self._probe(Isolation(bwrap=bwrap, python=python))
+            isolation = Isolation(bwrap=bwrap, python=python, seccomp=seccomp, cgroups=cgroups)
+            failure = self._probe(isolation)
             if failure is None:
-                return Isolation(bwrap=bwrap, python=python)
+                return isolation
             problem = f"bwrap at {bwrap} cannot start a sandbox: {failure}"
         if not self._cfg.allow_unisolated:
             raise SandboxUnavailable(problem)
@@ -179,14 +231,26 @@ class LocalSandboxProvider:
             detail="cells run as plain subprocesses with the worker's filesystem and network "
             "in reach, because sandbox.local.allow_unisolated = true",
         )
-        return Isolation(bwrap=None, python=python)
+        return Isolation(bwrap=None, python=python, cgroups=cgroups)
+
+    def _limits(self) -> Limits:
+        cfg = self._cfg
+        return Limits(memory_bytes=cfg.memory_mb * 1024 * 1024, pids=cfg.max_processes, cpus=cfg.cpus)
+
+    @staticmethod
+    def _seccomp() -> bytes | None:
+        try:
+            return build_filter()
+        except (OSError, AttributeError, ImportError) as exc:  # no usable libseccomp on this host
+            log.warning("sandbox.no_seccomp", error=str(exc))
+            return None
 
     def _probe(self, isolation: Isolation) -> str | None:
         """Start one real REPL in a throwaway workspace; why it failed, or None if it worked."""
         workspace = Path(tempfile.mkdtemp(prefix="fleet-probe-"))
         lease: LocalSandboxLease | None = None
         try:
-            lease = self._lease(workspace, "probe", isolation)
+            lease = self._lease(workspace, PROBE_RUN, isolation)
             lease.new_session().start()
         except SandboxError as exc:
             return str(exc)
@@ -200,36 +264,45 @@ class LocalSandboxProvider:
         workspace = workspace.resolve()
         HOST_PATHS.add(workspace.parent)
         prepare_layout(workspace)
-        driver, staged = DRIVER_SOURCE, None
-        if self._run_as is not None:
-            driver = staged = stage_driver()
-            HOST_PATHS.add(staged.parent)
-            for path in (workspace, staged.parent):
-                blocked = unreachable_ancestor(path, self._run_as)
+        run_as = self.sandbox_uid(workspace)
+        driver = DRIVER_SOURCE
+        if run_as is not None:
+            driver = self._staged_driver()
+            for path in (workspace, driver.parent):
+                blocked = unreachable_ancestor(path, run_as)
                 if blocked is not None:
-                    shutil.rmtree(staged.parent, ignore_errors=True)
-                    log.error(
-                        "sandbox.unreachable_path", path=str(path), blocked=str(blocked), uid=self._run_as
-                    )
+                    log.error("sandbox.unreachable_path", path=str(path), blocked=str(blocked), uid=run_as)
                     raise SandboxError(
                         "the sandbox's uid cannot reach its workspace on this worker "
                         "(see sandbox.unreachable_path in the worker log); chmod o+x the folder, "
                         "move the data directory, or run the worker as a non-root user"
                     )
-        sanitize(workspace, self._run_as)
+        sanitize(workspace, run_as)
+        cgroups = isolation.cgroups if isolation.cgroups and isolation.cgroups.bases else None
         if isolation.bwrap is not None:
-            argv = bwrap_command(self._cfg, workspace, isolation.python, driver, bwrap=isolation.bwrap)
-            launch = LaunchSpec(
-                argv=tuple(argv), env=sandbox_env(WORKSPACE_MOUNT), cwd="/", run_as=self._run_as
+            inside = os.geteuid() if run_as is None else run_as
+            argv = bwrap_command(
+                self._cfg,
+                workspace,
+                isolation.python,
+                driver,
+                uid=inside,
+                bwrap=isolation.bwrap,
+                seccomp=isolation.seccomp is not None,
             )
+            env, cwd = sandbox_env(WORKSPACE_MOUNT), "/"
         else:
             argv = unisolated_command(self._cfg, isolation.python, driver)
-            launch = LaunchSpec(
-                argv=tuple(argv),
-                env=sandbox_env(str(workspace)),
-                cwd=str(workspace),
-                run_as=self._run_as,
-            )
+            env, cwd = sandbox_env(str(workspace)), str(workspace)
+        launch = LaunchSpec(
+            argv=tuple(argv),
+            env=env,
+            cwd=cwd,
+            run_as=run_as,
+            seccomp=isolation.seccomp,
+            cgroups=cgroups,
+            limits=self._limits(),
+        )
         return LocalSandboxLease(
             workspace=workspace,
             run_id=run_id,
@@ -237,5 +310,18 @@ class LocalSandboxProvider:
             cfg=self._cfg,
             caps=self._caps,
             isolated=isolation.bwrap is not None,
-            staged_driver=staged,
+            pool=self._pool if run_id != PROBE_RUN else None,
         )
+
+    def _staged_driver(self) -> Path:
+        """One copy of the driver per provider, readable by every sandbox uid (a root worker's own
+        install may not be): the same path for every REPL, so a warm one matches its next Run."""
+        with self._lock:
+            if self._driver is None or not self._driver.exists():
+                self._driver = stage_driver()
+                HOST_PATHS.add(self._driver.parent)
+            return self._driver
+
+    def close(self) -> None:
+        """Shut down the warm REPLs (the worker is stopping)."""
+        self._pool.close()

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
+import shutil
 import signal
 import subprocess
+import sys
+import termios
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -15,12 +19,15 @@ from typing import IO
 
 import structlog
 
-from fleet_worker.sandbox.jail import OUTPUT_FD_PLACEHOLDER, LaunchSpec
+from fleet_worker.sandbox.cgroups import Cgroup
+from fleet_worker.sandbox.jail import OUTPUT_FD_PLACEHOLDER, SECCOMP_FD_PLACEHOLDER, LaunchSpec
+from fleet_worker.sandbox.syscalls import filter_fd
 
 log = structlog.get_logger(__name__)
 STDERR_TAIL_BYTES = 16 * 1024
 REAP_TIMEOUT_SECONDS = 5.0
 READ_CHUNK = 64 * 1024
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 
 # bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that forked bwrap
 # exits, not the process; a REPL forked from a short-lived worker thread would be killed with it.
@@ -58,25 +65,47 @@ def reap(proc: subprocess.Popen[bytes]) -> None:
             stream.close()
 
 
-def popen(launch: LaunchSpec, output_fd: int) -> subprocess.Popen[bytes]:
+# Run as root just long enough to join the REPL's cgroup(s), then drop to the sandbox's uid with
+# util-linux's setpriv and exec bwrap: everything bwrap starts is born inside the cgroup.
+JOIN_CGROUP = 'IFS=:; for f in $FLEET_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"'
+
+
+def popen(launch: LaunchSpec, output_fd: int, cgroup: Cgroup | None) -> subprocess.Popen[bytes]:
     """Fork one REPL (called on the spawner thread only); `output_fd` is handed to it as is."""
-    argv = [str(output_fd) if arg == OUTPUT_FD_PLACEHOLDER else arg for arg in launch.argv]
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        bufsize=0,
-        env=dict(launch.env),
-        cwd=launch.cwd,
-        close_fds=True,
-        pass_fds=(output_fd,),
-        # Its own process group, so a kill reaches everything the cell started.
-        start_new_session=True,
-        user=launch.run_as,
-        group=launch.run_as,
-        extra_groups=[] if launch.run_as is not None else None,
-    )
+    seccomp_fd = filter_fd(launch.seccomp) if launch.seccomp is not None else None
+    fds = {OUTPUT_FD_PLACEHOLDER: str(output_fd), SECCOMP_FD_PLACEHOLDER: str(seccomp_fd)}
+    argv = [fds.get(arg, arg) for arg in launch.argv]
+    env = dict(launch.env)
+    run_as = launch.run_as
+    if cgroup is not None:
+        drop = (
+            []
+            if run_as is None
+            else [SETPRIV, f"--reuid={run_as}", f"--regid={run_as}", "--clear-groups", "--"]
+        )
+        argv = ["/bin/sh", "-c", JOIN_CGROUP, "fleet-sandbox", *drop, *argv]
+        env["FLEET_CGROUP_PROCS"] = ":".join(str(path) for path in cgroup.procs_files)
+        run_as = None  # setpriv drops, after the cgroup is joined
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            env=env,
+            cwd=launch.cwd,
+            close_fds=True,
+            pass_fds=(output_fd,) if seccomp_fd is None else (output_fd, seccomp_fd),
+            # Its own process group, so a kill reaches everything the cell started.
+            start_new_session=True,
+            user=run_as,
+            group=run_as,
+            extra_groups=[] if run_as is not None else None,
+        )
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
 
 
 def host_pid(root: int, ns_pid: int) -> int | None:
@@ -163,6 +192,7 @@ class OutputCapture:
         self._wake_r, self._wake_w = os.pipe()  # take() wakes the reader: "is the pipe empty?"
         self._synced = threading.Event()
         self._closed = threading.Event()
+        self._busy = False  # between "the pipe is readable" and "what was read is kept"
         self._thread = threading.Thread(target=self._drain, name="fleet-sandbox-output", daemon=True)
         self._thread.start()
 
@@ -174,6 +204,7 @@ class OutputCapture:
         try:
             while True:
                 ready = {fd for fd, _event in poller.poll(0 if syncing else -1)}
+                self._busy = self._fd in ready
                 if self._wake_r in ready:
                     os.read(self._wake_r, 64)
                     syncing = True
@@ -189,12 +220,22 @@ class OutputCapture:
                     piece = chunk[: max(0, self._room - len(self._kept))]
                     self._kept += piece
                     self._dropped += len(chunk) - len(piece)
+                self._busy = False
         except OSError:
             return
         finally:
             os.close(self._fd)
             self._closed.set()
             self._synced.set()
+
+    def _pending(self) -> bool:
+        """Bytes in the pipe that the reader has not taken yet (the common answer: none)."""
+        buffer = bytearray(4)
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, buffer)
+        except OSError:
+            return True  # cannot tell: ask the reader
+        return int.from_bytes(buffer, sys.byteorder) > 0
 
     def close(self) -> None:
         """After the REPL is gone (its pipe then ends, and the reader with it)."""
@@ -213,7 +254,7 @@ class OutputCapture:
     def take(self, max_chars: int, wait_seconds: float = 1.0) -> tuple[str, bool]:
         """The cell's output and whether any was cut. What the cell wrote before its result was
         sent is in the pipe by now: wait (briefly) until the reader has drained it."""
-        if not self._closed.is_set():
+        if not self._closed.is_set() and (self._busy or self._pending()):
             self._synced.clear()
             os.write(self._wake_w, b"?")  # open until close(), which only follows the reader's end
             self._synced.wait(wait_seconds)

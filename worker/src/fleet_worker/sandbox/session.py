@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 
 from fleet_worker.sandbox.boundary import Caps, CellResult, call_host_tool, parse_result
+from fleet_worker.sandbox.cgroups import Cgroup
 from fleet_worker.sandbox.errors import (
     CellCrashed,
     CellInterrupted,
@@ -22,6 +23,7 @@ from fleet_worker.sandbox.errors import (
     FrameTimeout,
     SandboxCrashed,
     SandboxError,
+    SandboxStopped,
 )
 from fleet_worker.sandbox.jail import LaunchSpec
 from fleet_worker.sandbox.process import (
@@ -36,6 +38,7 @@ from fleet_worker.sandbox.process import (
     reap,
 )
 from fleet_worker.sandbox.protocol import encode_frame, read_frame, write_all
+from fleet_worker.sandbox.workspace import WorkspaceBudget
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +63,7 @@ class Repl:
     proc: subprocess.Popen[bytes]
     stderr: StderrTail
     output: OutputCapture
+    cgroup: Cgroup | None = None
     supervisor: int | None = None  # host pid of the supervisor, watched while a cell runs
 
 
@@ -74,12 +78,14 @@ class ReplSession:
         cell_timeout_seconds: float,
         startup_timeout_seconds: float,
         caps: Caps,
+        budget: WorkspaceBudget | None = None,
         label: str = "repl",
     ) -> None:
         self._launch = launch
         self._cell_timeout = cell_timeout_seconds
         self._startup_timeout = startup_timeout_seconds
         self._caps = caps
+        self._budget = budget
         self._max_output_chars = caps.max_output_chars
         self._label = label
         # One cell (or start) at a time; interrupt() and a busy shutdown() skip this lock.
@@ -200,18 +206,23 @@ class ReplSession:
         kill_group(proc)
         reap(proc)
         repl.output.close()
+        if repl.cgroup is not None:
+            repl.cgroup.remove()
 
     def _spawn(self) -> None:
+        cgroup = self._new_cgroup()
         read_fd, write_fd = os.pipe()
         try:
-            proc = SPAWNER.submit(popen, self._launch, write_fd).result()
+            proc = SPAWNER.submit(popen, self._launch, write_fd, cgroup).result()
         except OSError as exc:
             os.close(read_fd)
+            if cgroup is not None:
+                cgroup.remove()
             raise SandboxCrashed(f"cannot start the REPL ({self._launch.argv[0]}): {exc}") from exc
         finally:
             os.close(write_fd)  # the REPL holds it now; the pipe ends when the REPL does
         assert proc.stdout is not None and proc.stderr is not None
-        repl = Repl(proc, StderrTail(proc.stderr), OutputCapture(read_fd))
+        repl = Repl(proc, StderrTail(proc.stderr), OutputCapture(read_fd), cgroup)
         with self._state_lock:
             closed = self._closed
             if not closed:
@@ -235,6 +246,16 @@ class ReplSession:
         repl.supervisor = host_pid(proc.pid, ns_pid) if isinstance(ns_pid, int) else None
         log.debug("sandbox.repl_started", label=self._label, pid=proc.pid, supervisor=repl.supervisor)
 
+    def _new_cgroup(self) -> Cgroup | None:
+        launch = self._launch
+        if launch.cgroups is None or launch.limits is None:
+            return None
+        try:
+            return launch.cgroups.create(launch.limits)
+        except OSError as exc:  # the REPL still starts, with its per-process rlimits only
+            log.warning("sandbox.cgroup_failed", label=self._label, error=str(exc))
+            return None
+
     def _respawn_quietly(self) -> None:
         """Replace a killed REPL right away; if that fails, the next execute() reports it."""
         try:
@@ -254,10 +275,18 @@ class ReplSession:
         to_repl, from_repl = proc.stdin.fileno(), proc.stdout.fileno()
         # One deadline for the whole cell, host tool calls included.
         deadline = time.monotonic() + self._cell_timeout
+        budget = self._budget
+        if budget is not None:
+            budget.begin_cell()
 
-        def watch() -> None:
+        def watch() -> None:  # about once a second while the cell runs
             if repl.supervisor is not None and process_state(repl.supervisor) in ("T", "t"):
-                raise SandboxCrashed("the REPL's supervisor was stopped (SIGSTOP)")
+                raise SandboxStopped("the REPL's supervisor was stopped (SIGSTOP)")
+            if budget is not None and budget.over():
+                raise SandboxStopped(
+                    f"the workspace grew past its {budget.limit_bytes // 2**20} MiB budget "
+                    "(sandbox.local.workspace_mb); delete files to make room"
+                )
 
         write_all(to_repl, request, deadline)
         while True:
@@ -294,14 +323,21 @@ class ReplSession:
                 self._repl = None
         reap(repl.proc)
         repl.output.close()
+        if repl.cgroup is not None:
+            repl.cgroup.remove()  # and whatever of the REPL escaped its process group
 
     def _crash_reason(self, repl: Repl, failure: BaseException | None) -> str:
         """Why the REPL process is gone (exit status, stderr tail); it is replaced right away."""
         note = self._stderr_note(repl)
         self._discard(repl)
         self._respawn_quietly()
-        reason = f"the sandbox crashed: {failure} (exit status {repl.proc.returncode}){note}; "
-        reason += "it was restarted, so every variable from earlier cells is lost"
+        if isinstance(failure, SandboxStopped):
+            reason = (
+                f"{failure}; the REPL was killed and restarted, so every variable from earlier cells is lost"
+            )
+        else:
+            reason = f"the sandbox crashed: {failure} (exit status {repl.proc.returncode}){note}; "
+            reason += "it was restarted, so every variable from earlier cells is lost"
         log.warning("sandbox.repl_crashed", label=self._label, reason=reason)
         return reason
 

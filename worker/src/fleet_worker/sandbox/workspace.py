@@ -113,3 +113,32 @@ class HostPaths:
 
 
 HOST_PATHS = HostPaths()
+
+
+class WorkspaceBudget:
+    """How much a workspace may hold on disk. A cell that grows it past the budget is stopped;
+    a workspace already over it (an older Run, an attachment) may still shrink, never grow."""
+
+    def __init__(self, workspace: Path, limit_bytes: int) -> None:
+        self.workspace = workspace
+        self.limit_bytes = limit_bytes
+        self.known = self.usage()  # refreshed whenever a cell runs long enough to be watched
+        self.allowed = max(limit_bytes, self.known)
+
+    def usage(self) -> int:
+        """Bytes allocated under the workspace, without following links (st_blocks, so sparse
+        files count for what they really take)."""
+        total = 0
+        for _top, dirs, files, dir_fd in os.fwalk(self.workspace, follow_symlinks=False):
+            for name in (*dirs, *files):
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_blocks * 512
+        return total
+
+    def begin_cell(self) -> None:
+        """No walk per cell (a short cell cannot write much): the last known size stands in."""
+        self.allowed = max(self.limit_bytes, self.known)
+
+    def over(self) -> bool:
+        self.known = self.usage()
+        return self.known > self.allowed

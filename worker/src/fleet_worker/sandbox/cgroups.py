@@ -1,0 +1,205 @@
+"""One cgroup per REPL, where the host allows it: memory (tmpfs pages included), processes and CPU
+are limited for the whole sandbox, not per process.
+
+- cgroup v1 (memory, pids and cpu hierarchies, writable by a root worker) and cgroup v2 (the
+  unified hierarchy, with the controllers delegated to the worker's cgroup) are supported.
+- Sandbox cgroups live under the worker's own cgroup (`<own>/fleet-sandboxes/repl-<id>`), so a
+  container's or a pod's limits still cover them.
+- Anywhere else (a non-root worker, a read-only cgroupfs) the mode is `none`: each process keeps
+  its rlimits only, and the worker says so at startup and in /ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger(__name__)
+CONTROLLERS = ("memory", "pids", "cpu")
+GROUP = "fleet-sandboxes"
+CPU_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: int
+    pids: int
+    cpus: float
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    """One REPL's cgroup: a directory per hierarchy (v1) or a single one (v2)."""
+
+    dirs: tuple[Path, ...]
+    version: int
+
+    @property
+    def procs_files(self) -> tuple[Path, ...]:
+        return tuple(d / "cgroup.procs" for d in self.dirs)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process still in it (whatever escaped the process group)."""
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for procs in self.procs_files:
+            with contextlib.suppress(OSError):
+                found |= {int(line) for line in procs.read_text().split()}
+        return found
+
+    def oom_killed(self) -> bool:
+        """Whether the memory limit was hit hard enough for the kernel to kill something."""
+        memory = self.dirs[0]
+        with contextlib.suppress(OSError, ValueError):
+            if self.version == 1:
+                return "oom_kill 0" not in (memory / "memory.oom_control").read_text()
+            for line in (memory / "memory.events").read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1]) > 0
+        return False
+
+    def remove(self) -> None:
+        self.kill_all()
+        for directory in self.dirs:
+            for _ in range(50):  # the kernel lets go of a cgroup a moment after its last process
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    self.kill_all()
+                    os.sched_yield()
+
+
+class Cgroups:
+    """Creates REPL cgroups, or knows it cannot (`mode == "none"`, with the reason)."""
+
+    def __init__(self, bases: tuple[Path, ...], version: int, reason: str = "") -> None:
+        self.bases = bases
+        self.version = version
+        self.reason = reason
+
+    @property
+    def mode(self) -> str:
+        return f"cgroup-v{self.version}" if self.bases else "none"
+
+    @classmethod
+    def detect(cls, limits: Limits) -> Cgroups:
+        if os.geteuid() != 0:
+            return cls((), 0, "the worker is not root")
+        try:
+            found = find_v1() or find_v2()
+        except OSError as exc:
+            return cls((), 0, f"cannot read this process's cgroups: {exc}")
+        if found is None:
+            return cls((), 0, "no writable memory, pids and cpu controllers")
+        bases, version = found
+        cgroups = cls(bases, version)
+        try:
+            cgroups.create(limits).remove()  # prove it works before anyone relies on it
+        except OSError as exc:
+            return cls((), 0, f"cgroups are not writable here: {exc}")
+        return cgroups
+
+    def create(self, limits: Limits) -> Cgroup:
+        name = f"repl-{uuid.uuid4().hex[:12]}"
+        if self.version == 1:
+            dirs = tuple(base / name for base in self.bases)
+            for directory in dirs:
+                directory.mkdir()
+            memory, pids, cpu = dirs
+            write(memory / "memory.limit_in_bytes", limits.memory_bytes)
+            with contextlib.suppress(OSError):  # only with swap accounting
+                write(memory / "memory.memsw.limit_in_bytes", limits.memory_bytes)
+            write(pids / "pids.max", limits.pids)
+            write(cpu / "cpu.cfs_period_us", CPU_PERIOD_US)
+            write(cpu / "cpu.cfs_quota_us", int(limits.cpus * CPU_PERIOD_US))
+            return Cgroup(dirs, 1)
+        directory = self.bases[0] / name
+        directory.mkdir()
+        write(directory / "memory.max", limits.memory_bytes)
+        with contextlib.suppress(OSError):
+            write(directory / "memory.swap.max", 0)
+        write(directory / "pids.max", limits.pids)
+        write(directory / "cpu.max", f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+        return Cgroup((directory,), 2)
+
+
+def write(path: Path, value: object) -> None:
+    path.write_text(f"{value}\n")
+
+
+def own_paths() -> dict[str, str]:
+    """This process's cgroup per controller (`""` keys the v2 hierarchy)."""
+    paths: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _id, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            paths[controller] = path
+    return paths
+
+
+def cgroup_mounts() -> dict[str, Path]:
+    """Mount point per v1 controller, and `""` for the v2 hierarchy, from mountinfo."""
+    mounts: dict[str, Path] = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if len(tail) < 3 or len(fields) < 5:
+            continue
+        fstype, options = tail[0], tail[2].split(",")
+        if fstype == "cgroup2":
+            mounts.setdefault("", Path(fields[4]))
+        elif fstype == "cgroup":
+            for controller in CONTROLLERS:
+                if controller in options:
+                    mounts.setdefault(controller, Path(fields[4]))
+    return mounts
+
+
+def find_v1() -> tuple[tuple[Path, ...], int] | None:
+    mounts, paths = cgroup_mounts(), own_paths()
+    if not all(c in mounts and c in paths for c in CONTROLLERS):
+        return None
+    bases = []
+    for controller in CONTROLLERS:
+        base = mounts[controller] / paths[controller].lstrip("/") / GROUP
+        if not base.parent.is_dir():
+            return None
+        base.mkdir(exist_ok=True)
+        bases.append(base)
+    return tuple(bases), 1
+
+
+def find_v2() -> tuple[tuple[Path, ...], int] | None:
+    mounts, paths = cgroup_mounts(), own_paths()
+    if "" not in mounts or "" not in paths or any(c in mounts for c in CONTROLLERS):
+        return None
+    own = mounts[""] / paths[""].lstrip("/")
+    available = (own / "cgroup.controllers").read_text().split()
+    if not all(c in available for c in CONTROLLERS):
+        return None
+    # v2 lets only leaf cgroups hold processes: move this worker into a leaf of its own first,
+    # then hand the controllers down to the sandboxes' group.
+    leaf = own / "fleet-worker"
+    leaf.mkdir(exist_ok=True)
+    for pid in (own / "cgroup.procs").read_text().split():
+        with contextlib.suppress(OSError):
+            write(leaf / "cgroup.procs", pid)
+    enable = " ".join(f"+{c}" for c in CONTROLLERS)
+    write(own / "cgroup.subtree_control", enable)
+    base = own / GROUP
+    base.mkdir(exist_ok=True)
+    write(base / "cgroup.subtree_control", enable)
+    return (base,), 2

@@ -1,0 +1,91 @@
+"""Warm REPLs: when a Run releases its workspace, a fresh REPL is started for that workspace's
+next Run, so that Run's lease is ready at once.
+
+A REPL is never handed to another workspace, and never to a second Run: each warm REPL is new,
+started after the last Run's REPLs were shut down and its workspace sanitized. The pool holds at
+most `size` of them (least recently used go first), each for at most `max_idle_seconds`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import structlog
+
+from fleet_worker.sandbox.errors import SandboxError
+from fleet_worker.sandbox.session import ReplSession
+
+log = structlog.get_logger(__name__)
+
+
+class WarmPool:
+    def __init__(self, size: int, max_idle_seconds: float) -> None:
+        self.size = size
+        self.max_idle = max_idle_seconds
+        self._entries: OrderedDict[Path, tuple[float, ReplSession]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-sandbox-warm")
+        self._closed = False
+
+    def take(self, workspace: Path) -> ReplSession | None:
+        """The warm REPL of this workspace, if there is one; it leaves the pool."""
+        with self._lock:
+            entry = self._entries.pop(workspace, None)
+        if entry is None:
+            return None
+        started, session = entry
+        if time.monotonic() - started > self.max_idle or session.pid is None:
+            self._retire(session)
+            return None
+        return session
+
+    def prewarm(self, workspace: Path, make: Callable[[], ReplSession]) -> None:
+        """Start a REPL for the workspace's next Run, in the background."""
+        if self.size <= 0 or self._closed:
+            return
+        self._starter.submit(self._start, workspace, make)
+
+    def _start(self, workspace: Path, make: Callable[[], ReplSession]) -> None:
+        session = make()
+        try:
+            session.start()
+        except SandboxError as exc:
+            log.warning("sandbox.prewarm_failed", error=str(exc))
+            return
+        evicted: list[ReplSession] = []
+        with self._lock:
+            if self._closed:
+                evicted.append(session)
+            else:
+                old = self._entries.pop(workspace, None)
+                if old is not None:
+                    evicted.append(old[1])
+                self._entries[workspace] = (time.monotonic(), session)
+                while len(self._entries) > self.size:
+                    evicted.append(self._entries.popitem(last=False)[1][1])
+                now = time.monotonic()
+                for key in [k for k, (at, _s) in self._entries.items() if now - at > self.max_idle]:
+                    evicted.append(self._entries.pop(key)[1])
+        for old_session in evicted:
+            self._retire(old_session)
+
+    @staticmethod
+    def _retire(session: ReplSession) -> None:
+        try:
+            session.shutdown()
+        except Exception as exc:
+            log.warning("sandbox.retire_failed", error=str(exc))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sessions = [session for _at, session in self._entries.values()]
+            self._entries.clear()
+        self._starter.shutdown(wait=True)
+        for session in sessions:
+            self._retire(session)
