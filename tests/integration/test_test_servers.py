@@ -7,6 +7,7 @@ import socket
 import asyncpg
 import pytest
 import redis
+
 from tests.support.servers import PostgresServer, RedisServer
 
 

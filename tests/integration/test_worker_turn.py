@@ -3,149 +3,18 @@ and both databases. The LM is the scripted LM: no provider is reachable here."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import msgspec
-import pytest
-import redis.asyncio as aioredis
-from arq.connections import ArqRedis
-from redis.asyncio import ConnectionPool
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fleet_shared import event_log, redis_keys
-from fleet_shared.config import Settings, load_settings
+from fleet_shared import redis_keys
 from fleet_shared.db import queries, runs
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.event_log import Appended, RunLog, lease_token
 from fleet_shared.events import CellOutput, RunCompleted, RunEvent, RunFailed
-from fleet_shared.queue import RUN_TURN, deserialize_job, serialize_job
-from fleet_shared.recovery import Sweeper
-from fleet_worker.app import build_worker
 from fleet_worker.turn import run_turn
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def script(tmp: Path, *lines: dict[str, object]) -> Path:
-    path = tmp / "script.jsonl"
-    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    return path
-
-
-@pytest.fixture
-def work_dir(traversable_dir: Path) -> Path:
-    return traversable_dir
-
-
-@dataclass
-class Harness:
-    settings: Settings
-    sessions: async_sessionmaker[AsyncSession]
-    redis: aioredis.Redis
-
-    async def submit(self, text: str = "hello there", *, enqueue: bool = True) -> str:
-        async with self.sessions() as db:
-            session = await queries.create_session(db, "t")
-            claimed = await queries.claim_turn(
-                db,
-                session_id=session.id,
-                idempotency_key="k",
-                fingerprint="f",
-                text=text,
-                model=self.settings.root_lm.name,
-            )
-        assert isinstance(claimed, queries.Claimed)
-        if not enqueue:
-            return claimed.run.id
-        arq = self.arq()
-        await arq.enqueue_job(RUN_TURN, claimed.run.id, _job_id=claimed.run.id)
-        await arq.aclose()
-        return claimed.run.id
-
-    def arq(self) -> ArqRedis:
-        return ArqRedis(
-            ConnectionPool.from_url(self.settings.redis_url),
-            job_serializer=serialize_job,
-            job_deserializer=deserialize_job,
-            default_queue_name=self.settings.profile.worker.queue_name,
-        )
-
-    async def work(self) -> None:
-        worker = build_worker(self.settings, burst=True)
-        try:
-            await worker.main()
-        finally:
-            await worker.close()
-
-    async def events(self, run_id: str) -> list[RunEvent]:
-        return await event_log.read_all_after(self.redis, run_id, 0)
-
-    def sweeper(self) -> Sweeper:
-        """A sweeper as workers and gateways run it (without the wait after a Redis restart)."""
-        arq = self.arq()
-
-        async def enqueue(run_id: str) -> object:
-            return await arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)
-
-        return Sweeper(
-            sessions=self.sessions,
-            redis=self.redis,
-            runlog=RunLog(self.redis),
-            lease_seconds=self.settings.profile.worker.lease_seconds,
-            owner="test-sweeper",
-            enqueue=enqueue,
-            restart_grace=0,
-        )
-
-    async def log_as_dead_worker(self, run_id: str, attempt: int, *events: RunEvent) -> None:
-        """Events a worker logged under its lease before it died (its lease then lapsed)."""
-        runlog, token = RunLog(self.redis), lease_token(attempt, "dead-worker")
-        assert await runlog.take_lease(run_id, token, 60_000)
-        for event in events:
-            assert (await runlog.append(event, token)).status is Appended.APPENDED
-        await self.redis.delete(redis_keys.run_lease(run_id))
-
-
-def make_settings(
-    database_url: str, redis_url: str, work_dir: Path, script_path: Path, turn_timeout: float = 60
-) -> Settings:
-    settings = load_settings(
-        {
-            "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
-            "FLEET_DATABASE_URL": database_url,
-            "FLEET_REDIS_URL": redis_url,
-            "FLEET_SCRIPTED_LM": str(script_path),
-        }
-    )
-    profile = settings.profile
-    runtime = msgspec.structs.replace(profile.runtime, turn_timeout_seconds=turn_timeout)
-    worker = msgspec.structs.replace(profile.worker, queue_name=f"fleet:test:{work_dir.name}")
-    local = msgspec.structs.replace(profile.sandbox.local, cell_timeout_seconds=2)
-    sandbox = msgspec.structs.replace(profile.sandbox, local=local)
-    profile = msgspec.structs.replace(profile, runtime=runtime, worker=worker, sandbox=sandbox)
-    return msgspec.structs.replace(settings, profile=profile, data_dir=work_dir / ".fleet")
-
-
-@pytest.fixture
-async def harness_factory(database_url: str, redis_url: str, work_dir: Path) -> AsyncIterator[object]:
-    engines = []
-    client = aioredis.Redis.from_url(redis_url)
-
-    def factory(*lines: dict[str, object], turn_timeout: float = 60) -> Harness:
-        settings = make_settings(database_url, redis_url, work_dir, script(work_dir, *lines), turn_timeout)
-        engine = create_engine(database_url)
-        engines.append(engine)
-        return Harness(settings, session_factory(engine), client)
-
-    yield factory
-    for engine in engines:
-        await engine.dispose()
-    await client.aclose()
+from tests.integration.harness import Harness
 
 
 def settlement_of(run: Any, command: Any, events: list[RunEvent], failure_code: str | None = None) -> Any:

@@ -1,0 +1,41 @@
+"""Fixtures of the integration tests: a worker harness per test (see harness.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from fleet_shared.db.engine import create_engine, session_factory
+from tests.integration.harness import Harness, make_settings, script
+
+
+@pytest.fixture
+def work_dir(traversable_dir: Path) -> Path:
+    return traversable_dir
+
+
+@pytest.fixture
+async def harness_factory(database_url: str, redis_url: str, work_dir: Path) -> AsyncIterator[object]:
+    engines = []
+    client = aioredis.Redis.from_url(redis_url)
+
+    def factory(
+        *lines: dict[str, object],
+        turn_timeout: float = 60,
+        local: dict[str, Any] | None = None,
+        rlm: dict[str, Any] | None = None,
+    ) -> Harness:
+        path = script(work_dir, *lines)
+        settings = make_settings(database_url, redis_url, work_dir, path, turn_timeout, local, rlm)
+        engine = create_engine(database_url)
+        engines.append(engine)
+        return Harness(settings, session_factory(engine), client)
+
+    yield factory
+    for engine in engines:
+        await engine.dispose()
+    await client.aclose()

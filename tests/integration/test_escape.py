@@ -1,0 +1,315 @@
+"""The escape and abuse suite: each attack runs as a real Turn (real arq worker, real bwrap sandbox,
+real Redis and SQLite), must be contained with a clear error to the RLM, and the session's next
+Turn must succeed. The LM is the scripted LM: its actions branch on the Turn's request, so the
+follow-up Turn ("hello") runs the same script without the attack.
+
+Run alone with `uv run pytest -m escape`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_shared.db import queries
+from fleet_shared.events import CellOutput, LMQueryStarted, RunEvent, Warning
+from fleet_worker.sandbox.jail import LocalSandboxConfig
+from tests.integration.harness import Harness
+
+pytestmark = pytest.mark.escape
+
+HarnessFactory = Callable[..., Harness]
+
+
+@pytest.fixture
+def database_url(sqlite_url: str) -> str:
+    """SQLite only: the sandbox is the subject here, not the database."""
+    return sqlite_url
+
+
+def attack_script(code: str, answer: str = "str(result)") -> tuple[dict[str, Any], ...]:
+    """Two actions: the attack (only when the request says so), then a SUBMIT of what it found."""
+    indented = "\n".join("    " + line for line in code.strip().splitlines())
+    first = f"result = 'not attacked'\nif request.startswith('attack'):\n{indented}\nprint('cell 1 done')"
+    return (
+        {"lm": "root", "reasoning": "attack", "code": first},
+        {"lm": "root", "reasoning": "report", "code": f"SUBMIT(answer={answer})"},
+    )
+
+
+@dataclass
+class Attack:
+    harness: Harness
+    session_id: str
+    run: Any
+    events: list[RunEvent]
+    answer: str
+    next_run: Any
+
+    @property
+    def cell_outputs(self) -> list[CellOutput]:
+        return [e for e in self.events if isinstance(e, CellOutput)]
+
+
+async def attack(
+    factory: HarnessFactory, code: str, *, answer: str = "str(result)", **settings: Any
+) -> Attack:
+    harness = factory(*attack_script(code, answer), **settings)
+    run_id = await harness.submit("attack")
+    await harness.work()
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+        assert run is not None
+        session_id = run.session_id
+    next_id = await harness.submit("hello", session_id=session_id, key="next")
+    await harness.work()
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+        next_run = await queries.get_run(db, next_id)
+        turns = await queries.list_turns(db, session_id, after_sequence=0, limit=10)
+    answer_text = "".join(p.get("text", "") for p in turns[1].parts if p["type"] == "text")
+    assert next_run is not None and next_run.status == "completed", "the session's next Turn failed"
+    return Attack(harness, session_id, run, await harness.events(run_id), answer_text, next_run)
+
+
+def workspace_folders(outcome: Attack) -> list[Path]:
+    return sorted(Path(outcome.harness.settings.workspaces_dir).iterdir())
+
+
+async def test_sessions_cannot_see_each_others_files(harness_factory: HarnessFactory) -> None:
+    harness = harness_factory(
+        *attack_script(
+            "open('/workspace/memory/secret.txt', 'w').write('A-secret')\n"
+            "result = sorted(os.listdir('/workspace/memory')) if False else 'written'\n"
+            "import os",
+            answer="str(sorted(__import__('os').listdir('/workspace/memory')))",
+        )
+    )
+    first = await harness.submit("attack")
+    other = await harness.submit("hello")  # another session, same script, no attack
+    await harness.work()
+    async with harness.sessions() as db:
+        runs = [await queries.get_run(db, r) for r in (first, other)]
+        turns = [await queries.list_turns(db, r.session_id, after_sequence=0, limit=5) for r in runs if r]
+    answers = ["".join(p.get("text", "") for p in t[1].parts if p["type"] == "text") for t in turns]
+    assert answers == ["['secret.txt']", "[]"]
+
+
+async def test_a_symlink_where_a_folder_belongs_is_replaced_not_followed(
+    harness_factory: HarnessFactory,
+) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import os, shutil\nshutil.rmtree('/workspace/memory')\nos.symlink('/etc', '/workspace/memory')\n"
+        "result = os.readlink('/workspace/memory')",
+        answer="str(__import__('os').path.islink('/workspace/memory'))",
+    )
+    assert outcome.run.status == "completed"
+    memories = [folder / "memory" for folder in workspace_folders(outcome)]
+    assert memories and all(m.is_dir() and not m.is_symlink() for m in memories)  # real again
+
+
+async def test_memory_is_limited_for_the_whole_sandbox(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import subprocess, sys\n"
+        "code = 'x = bytearray(200 * 2**20); x[::4096] = b\"1\" * len(x[::4096]); '\n"
+        "code += 'import time; time.sleep(2)'\n"
+        "procs = [subprocess.Popen([sys.executable, '-c', code]) for _ in range(4)]\n"
+        "result = sorted(p.wait() for p in procs)",
+        local={"memory_mb": 512, "cell_timeout_seconds": 20},
+    )
+    assert outcome.answer.startswith("["), outcome.cell_outputs
+    codes = json.loads(outcome.answer)
+    assert -9 in codes, "four 200 MB processes fit a 512 MB sandbox: the limit is not whole-sandbox"
+
+
+async def test_a_memory_bomb_is_a_memory_error(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "try:\n    x = bytearray(64 * 2**30)\n    result = 'allocated'\n"
+        "except MemoryError:\n    result = 'MemoryError'",
+    )
+    assert outcome.answer == "MemoryError"
+
+
+async def test_tmp_is_a_bounded_tmpfs(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import errno\nresult = 'wrote all'\ntry:\n    with open('/tmp/fill', 'wb') as f:\n"
+        "        for _ in range(100):\n            f.write(b'x' * 2**20)\nexcept OSError as exc:\n"
+        "    result = errno.errorcode[exc.errno]",
+        local={"tmp_mb": 32},
+    )
+    assert outcome.answer == "ENOSPC"
+
+
+async def test_the_workspace_has_a_byte_budget(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import time\nfor i in range(200):\n"
+        "    open(f'/workspace/artifacts/f{i}', 'wb').write(b'x' * 2**20)\n"
+        "    time.sleep(0.02)\nresult = 'wrote 200 MB'",
+        answer="'finished'",
+        local={"workspace_mb": 20, "cell_timeout_seconds": 30},
+    )
+    errors = [o.error for o in outcome.cell_outputs if o.error]
+    assert errors and "budget" in errors[0] and "sandbox.local.workspace_mb" in errors[0]
+
+
+async def test_background_processes_do_not_outlive_their_cell(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import subprocess\nsubprocess.Popen(['sh', '-c', 'while :; do :; done'], start_new_session=True)\n"
+        "result = 'spawned'",
+        answer="str(sorted(open(f'/proc/{p}/comm').read().strip() for p in __import__('os').listdir('/proc') "
+        "if p.isdigit() and open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'))",
+    )
+    assert "sh" not in json.loads(outcome.answer.replace("'", '"'))
+
+
+async def test_fifty_megabytes_of_output_are_capped_on_the_host(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import sys, os\nsys.stdout.limit = 10**9\n"
+        "for _ in range(50):\n    os.write(1, b'y' * 2**20)\nresult = 'printed'",
+    )
+    first = outcome.cell_outputs[0]
+    limit = outcome.harness.settings.profile.rlm.max_output_chars
+    assert first.truncated is True and len(first.stdout) <= limit
+    assert outcome.answer == "printed"
+
+
+async def test_an_oversized_answer_is_refused_and_the_rlm_can_retry(harness_factory: HarnessFactory) -> None:
+    harness = harness_factory(
+        {
+            "lm": "root",
+            "reasoning": "big",
+            "code": "SUBMIT(answer='z' * (50 * 2**20)) if request == 'attack' else None",
+        },
+        {"lm": "root", "reasoning": "small", "code": "SUBMIT(answer='short')"},
+    )
+    run_id = await harness.submit("attack")
+    await harness.work()
+    events = await harness.events(run_id)
+    errors = [e.error for e in events if isinstance(e, CellOutput) and e.error]
+    assert errors and "rlm.max_answer_chars" in errors[0]
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+        assert run is not None and run.status == "completed"
+        turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=5)
+    assert [p["text"] for p in turns[1].parts if p["type"] == "text"] == ["short"]
+
+
+async def test_a_flood_of_refused_llm_calls_makes_one_warning(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "refused = 0\nfor _ in range(5000):\n    try:\n        llm_query('hi')\n    except Exception:\n"
+        "        refused += 1\nresult = refused",
+        rlm={"max_llm_calls": 2},
+    )
+    assert int(outcome.answer) >= 4990
+    warnings = [e for e in outcome.events if isinstance(e, Warning) and e.code == "llm_budget_exhausted"]
+    assert len(warnings) == 1
+    assert len([e for e in outcome.events if isinstance(e, LMQueryStarted)]) <= 2
+    assert len(outcome.events) < 60
+
+
+async def test_lone_surrogates_end_in_a_normal_turn(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(harness_factory, "print('bad \\ud800 text')\nresult = 'x\\udfffy'")
+    assert outcome.run.status == "completed"
+    assert outcome.answer == "x\ufffdy"
+
+
+async def test_no_user_namespace_and_no_ptrace_inside(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import ctypes, os, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "unshare = libc.unshare(0x10000000)\nunshare_errno = ctypes.get_errno()\n"
+        "ptrace = libc.ptrace(16, 1, 0, 0)\nptrace_errno = ctypes.get_errno()\n"
+        "result = [unshare, errno.errorcode.get(unshare_errno), ptrace, errno.errorcode.get(ptrace_errno)]",
+    )
+    unshare, unshare_errno, ptrace, ptrace_errno = json.loads(outcome.answer.replace("'", '"'))
+    assert (unshare, ptrace) == (-1, -1)
+    assert unshare_errno in ("EPERM", "ENOSPC", "EINVAL") and ptrace_errno == "EPERM"
+
+
+async def test_setuid_bits_do_not_survive_on_the_host(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import os, shutil\nshutil.copy('/usr/bin/true', '/workspace/memory/suid')\n"
+        "os.chmod('/workspace/memory/suid', 0o4755)\nresult = oct(os.stat('/workspace/memory/suid').st_mode)",
+    )
+    planted = [folder / "memory" / "suid" for folder in workspace_folders(outcome)]
+    assert planted and not planted[0].stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+
+
+async def test_each_workspace_runs_as_its_own_unprivileged_uid(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(harness_factory, "import os\nresult = os.getuid()")
+    uid = int(outcome.answer)
+    assert uid not in (0, 65534)
+    if os.geteuid() == 0:
+        config = LocalSandboxConfig()
+        assert config.uid_base <= uid < config.uid_base + config.uid_count
+
+
+async def test_a_stopped_repl_is_noticed_in_seconds(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)",
+        local={"cell_timeout_seconds": 60},
+    )
+    errors = [o.error for o in outcome.cell_outputs if o.error]
+    assert errors and "stopped" in errors[0]
+    assert outcome.run.finished_at and outcome.run.started_at
+    assert (outcome.run.finished_at - outcome.run.started_at).total_seconds() < 20
+
+
+async def test_a_timed_out_cell_reports_what_it_printed(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(harness_factory, "print('before the loop', flush=True)\nwhile True:\n    pass")
+    timed_out = [o for o in outcome.cell_outputs if o.error and "timeout" in o.error]
+    assert timed_out and timed_out[0].stdout == "before the loop\n"
+
+
+async def test_services_and_host_files_are_out_of_reach(
+    harness_factory: HarnessFactory, redis_url: str
+) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    redis_port = int(redis_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0])
+    ports = [redis_port, 5432, listener.getsockname()[1]]  # Redis, PostgreSQL, a stand-in gateway
+    try:
+        outcome = await attack(
+            harness_factory,
+            "import socket, os\nreach = {}\n"
+            f"for port in {ports}:\n"
+            "    try:\n        socket.create_connection(('127.0.0.1', port), 1).close()\n"
+            "        reach[port] = 'open'\n    except OSError:\n        reach[port] = 'blocked'\n"
+            "files = {p: os.path.exists(p) for p in ('/etc/passwd', '/root', '/home', '/var/lib')}\n"
+            "result = [sorted(set(reach.values())), sorted(k for k, v in files.items() if v)]",
+        )
+    finally:
+        listener.close()
+    reach, visible = json.loads(outcome.answer.replace("'", '"'))
+    assert reach == ["blocked"] and visible == []
+
+
+async def test_a_fork_bomb_is_contained(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import os\nforks = 0\ntry:\n    for _ in range(100000):\n        if os.fork() == 0:\n"
+        "            import time\n            time.sleep(30)\n            os._exit(0)\n        forks += 1\n"
+        "except OSError as exc:\n    result = ['refused after', forks]",
+        local={"max_processes": 32, "cell_timeout_seconds": 20},
+    )
+    refused, forks = json.loads(outcome.answer.replace("'", '"'))
+    assert refused == "refused after" and forks < 64
