@@ -26,3 +26,7 @@ fmt:
 # Migrate the database named by FLEET_DATABASE_URL to head.
 migrate:
     uv run fleet db upgrade
+
+# Benchmark lanes (bench/): `just bench` runs them all, `just bench sandbox` one; receipts go to bench/receipts/.
+bench *lanes:
+    uv run python -m bench {{lanes}}
