@@ -212,11 +212,12 @@ async def test_an_oversized_answer_is_refused_and_the_rlm_can_retry(harness_fact
 async def test_a_flood_of_refused_llm_calls_makes_one_warning(harness_factory: HarnessFactory) -> None:
     outcome = await attack(
         harness_factory,
-        "refused = 0\nfor _ in range(5000):\n    try:\n        llm_query('hi')\n    except Exception:\n"
+        "refused = 0\nfor _ in range(2000):\n    try:\n        llm_query('hi')\n    except Exception:\n"
         "        refused += 1\nresult = refused",
         rlm={"max_llm_calls": 2},
+        local={"cell_timeout_seconds": 60},  # a loaded machine: the flood, not the clock, is the test
     )
-    assert int(outcome.answer) >= 4990
+    assert int(outcome.answer) >= 1990
     warnings = [e for e in outcome.events if isinstance(e, Warning) and e.code == "llm_budget_exhausted"]
     assert len(warnings) == 1
     assert len([e for e in outcome.events if isinstance(e, LMQueryStarted)]) <= 2
@@ -313,3 +314,89 @@ async def test_a_fork_bomb_is_contained(harness_factory: HarnessFactory) -> None
     )
     refused, forks = json.loads(outcome.answer.replace("'", '"'))
     assert refused == "refused after" and forks < 64
+
+
+async def test_the_jail_is_read_only_and_its_pid_1_is_closed(harness_factory: HarnessFactory) -> None:
+    """`/`, `/dev` and `/usr` refuse writes; pid 1 is the supervisor, whose memory,
+    environment and file descriptors no cell can open."""
+    outcome = await attack(
+        harness_factory,
+        "import errno, os\nresult = {}\n"
+        "for path in ('/planted', '/dev/planted', '/usr/planted'):\n"
+        "    try:\n        open(path, 'w').close()\n        result[path] = 'written'\n"
+        "    except OSError as exc:\n        result[path] = errno.errorcode[exc.errno]\n"
+        "for path in ('/proc/1/mem', '/proc/1/environ', '/proc/1/fd'):\n"
+        "    try:\n        os.listdir(path) if path.endswith('fd') else open(path, 'rb').read(1)\n"
+        "        result[path] = 'opened'\n"
+        "    except OSError as exc:\n        result[path] = errno.errorcode[exc.errno]\n"
+        "result['/tmp'] = open('/tmp/scratch', 'w').write('ok')",
+    )
+    found = json.loads(outcome.answer.replace("'", '"'))
+    assert {found[p] for p in ("/planted", "/dev/planted", "/usr/planted")} == {"EROFS"}
+    assert {found[p] for p in ("/proc/1/mem", "/proc/1/environ", "/proc/1/fd")} <= {"EACCES", "EPERM"}
+    assert found["/tmp"] == 2  # scratch space still works
+
+
+async def test_refused_socket_families_stay_refused_with_high_bits_set(
+    harness_factory: HarnessFactory,
+) -> None:
+    """The kernel reads the family as 32 bits; the filter compares the same 32 bits, so
+    `(1 << 32) | AF_NETLINK` passed straight to the syscall is refused like AF_NETLINK."""
+    outcome = await attack(
+        harness_factory,
+        "import ctypes, errno, platform, socket\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "number = {'x86_64': 41, 'aarch64': 198}[platform.machine()]\n"
+        "result = []\n"
+        "for family in (socket.AF_NETLINK, socket.AF_NETLINK | (1 << 32), socket.AF_PACKET | (1 << 40)):\n"
+        "    args = [ctypes.c_long(v) for v in (number, family, socket.SOCK_RAW, 0)]\n"
+        "    fd = libc.syscall(*args)\n"
+        "    result.append(errno.errorcode.get(ctypes.get_errno()) if fd < 0 else 'opened')",
+    )
+    assert json.loads(outcome.answer.replace("'", '"')) == ["EAFNOSUPPORT"] * 3
+
+
+async def test_fifos_links_and_swaps_in_the_workspace_cost_the_host_nothing(
+    harness_factory: HarnessFactory,
+) -> None:
+    """While the host measures the workspace (every second), the cell keeps swapping a folder
+    for a FIFO and plants links: the host never blocks on the FIFO or follows a link, and
+    removes the FIFO when the Turn ends."""
+    outcome = await attack(
+        harness_factory,
+        "import os, time\nbase = '/workspace/artifacts'\n"
+        "os.mkdir(base + '/swap')\nos.mkfifo(base + '/fifo')\n"
+        "os.symlink('/etc/passwd', base + '/link')\nos.symlink('loop', base + '/loop')\n"
+        "swaps = 0\nend = time.monotonic() + 3\n"
+        "while time.monotonic() < end:\n"
+        "    os.rename(base + '/swap', base + '/held')\n    os.rename(base + '/fifo', base + '/swap')\n"
+        "    os.rename(base + '/swap', base + '/fifo')\n    os.rename(base + '/held', base + '/swap')\n"
+        "    swaps += 1\n"
+        "result = 'swapped' if swaps > 100 else swaps",
+        local={"cell_timeout_seconds": 30},
+    )
+    assert outcome.answer == "swapped"
+    artifacts = [folder / "artifacts" for folder in workspace_folders(outcome)]
+    assert artifacts and not (artifacts[0] / "fifo").exists()
+    assert (artifacts[0] / "link").is_symlink() and (artifacts[0] / "swap").is_dir()
+
+
+async def test_folders_nested_too_deep_are_refused_not_crashed_on(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "import os\npath = '/workspace/artifacts'\nfor _ in range(80):\n"
+        "    path += '/d'\n    os.mkdir(path)\nresult = 'built'",
+    )
+    errors = [o.error for o in outcome.cell_outputs if o.error]
+    assert errors and "nested deeper" in errors[0]
+    assert outcome.run.status == "completed"  # SUBMIT still ends the Turn; the release still ran
+
+
+async def test_the_workspace_has_a_file_count_budget(harness_factory: HarnessFactory) -> None:
+    outcome = await attack(
+        harness_factory,
+        "for i in range(300):\n    open(f'/workspace/artifacts/e{i}', 'w').close()\nresult = 'made'",
+        local={"workspace_files": 100},
+    )
+    errors = [o.error for o in outcome.cell_outputs if o.error]
+    assert errors and "sandbox.local.workspace_files" in errors[0]

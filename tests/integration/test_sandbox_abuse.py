@@ -5,6 +5,7 @@ replacement) works for the next cell."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -80,10 +81,13 @@ print('reached', reached, 'opened', [p for p in opened if p[0] != os.getpid()])
     # The claimed result ended the cell, as SUBMIT(answer="forged") would have, and carried
     # nothing more: the output is what the host read from the pipe, not the frame's "stdout".
     assert result.final == {"answer": "forged"} and "INJECTED" not in result.stdout
-    assert result.stdout.startswith("reached [") and "opened []" in result.stdout
     assert result.truncated is False
-    next_cell = run(session, "print('next')")  # the cell's real result, arriving late, is refused
+    # The rest of the forging cell waited, stopped, for the next one; there it printed what it
+    # reached, and its real result, arriving late, was refused.
+    next_cell = run(session, "print('next')")
     assert next_cell.error is not None and "protocol" in next_cell.error.message
+    printed = result.stdout + next_cell.stdout  # the print may straddle the stop
+    assert printed.startswith("reached [") and "opened []" in printed
     assert run(session, "print('after')").stdout == "after\n"
 
 
@@ -125,18 +129,106 @@ def test_a_stopped_interpreter_is_noticed_in_seconds(session: ReplSession) -> No
     assert run(session, "print('x' in globals())").stdout == "False\n"  # a fresh interpreter
 
 
-def test_a_stopped_supervisor_is_noticed_in_seconds(session: ReplSession) -> None:
-    started = time.monotonic()
-    with pytest.raises(CellCrashed, match="stopped"):
-        run(session, "import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\ntime.sleep(30)")
-    assert time.monotonic() - started < 5
+def test_the_supervisor_cannot_be_signalled(session: ReplSession) -> None:
+    """The supervisor is the sandbox's pid 1: the kernel drops the signals a cell sends it."""
+    run(session, "kept = 'state'")
+    result = run(
+        session,
+        "import os, signal, time\n"
+        "for number in (signal.SIGSTOP, signal.SIGTERM, signal.SIGKILL):\n"
+        "    os.kill(os.getppid(), number)\n"
+        "time.sleep(0.5)\n"
+        "print(os.getppid(), open('/proc/1/stat').read().rsplit(')', 1)[1].split()[0])",
+    )
+    assert result.error is None
+    assert result.stdout.split()[0] == "1" and result.stdout.split()[1] != "T"
+    assert run(session, "print(kept)").stdout == "state\n"  # same supervisor, same interpreter
+
+
+def test_a_repl_killed_under_a_cell_is_a_cell_error_and_comes_back(session: ReplSession) -> None:
+    """The whole sandbox killed from outside mid-cell (as the OOM killer might): the cell
+    fails with a clear error and the next cell gets a fresh REPL."""
+    run(session, "x = 1")
+    repl = session._repl
+    assert repl is not None
+    killer = threading.Timer(1.0, repl.proc.kill)  # bwrap: its pid namespace goes with it
+    killer.start()
+    try:
+        with pytest.raises(CellCrashed, match="restarted"):
+            run(session, "import time\ntime.sleep(10)")
+    finally:
+        killer.cancel()
     assert run(session, "print('back')").stdout == "back\n"
 
 
-def test_killing_the_supervisor_is_a_cell_error_and_the_repl_comes_back(session: ReplSession) -> None:
-    with pytest.raises(CellCrashed, match="restarted"):
-        run(session, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(5)")
-    assert run(session, "print('back')").stdout == "back\n"
+def test_threads_a_cell_leaves_running_wait_for_the_next_cell(session: ReplSession) -> None:
+    """Between cells the interpreter is stopped: a thread the cell left behind neither runs,
+    nor writes to the workspace, nor prints into the next cell's output."""
+    run(
+        session,
+        "import threading, time\n"
+        "ticks = []\n"
+        "def tick():\n"
+        "    while True:\n"
+        "        ticks.append(time.monotonic())\n"
+        "        time.sleep(0.01)\n"
+        "threading.Thread(target=tick, daemon=True).start()\n"
+        "time.sleep(0.2)",
+    )
+    time.sleep(1.0)  # the pause under test: the thread must not tick through it
+    result = run(
+        session,
+        "time.sleep(0.2)\n"
+        "gaps = [b - a for a, b in zip(ticks, ticks[1:])]\n"
+        "print(round(max(gaps), 1), len(ticks) > 20)",
+    )
+    assert result.error is None, result.error
+    largest_gap, resumed = result.stdout.split()
+    assert float(largest_gap) >= 0.8 and resumed == "True"  # it stopped, then ran again
+
+
+def test_tools_called_from_threads_get_their_own_replies(session: ReplSession) -> None:
+    result = run(
+        session,
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "with ThreadPoolExecutor(8) as pool:\n"
+        "    got = list(pool.map(lambda n: echo(n=n), range(64)))\n"
+        "print(got == list(range(64)))",
+        echo=lambda n: n,
+    )
+    assert result.error is None and result.stdout == "True\n"
+
+
+def test_values_nested_too_deep_are_refused_not_crashed_on(session: ReplSession) -> None:
+    run(session, "deep = []\nfor _ in range(500):\n    deep = [deep]")
+    submitted = run(session, "SUBMIT(answer=deep)")
+    assert submitted.final is None and submitted.error is not None
+    assert "levels deep" in submitted.error.message
+    called = run(
+        session,
+        "try:\n    echo(n=deep)\nexcept ValueError as exc:\n    print('refused', exc)",
+        echo=lambda n: n,
+    )
+    assert called.error is None and called.stdout.startswith("refused")
+    assert run(session, "print(len(deep))").stdout == "1\n"  # the interpreter's state is intact
+
+
+def test_a_forged_deep_frame_resets_the_interpreter(session: ReplSession) -> None:
+    forge = r"""
+import os, struct
+payload = ('{"op":"result","id":1,"final":{"answer":' + '[' * 5000 + ']' * 5000 + '}}').encode()
+frame = struct.pack(">I", len(payload)) + payload
+for fd in range(3, 64):
+    try:
+        os.write(fd, frame)
+    except OSError:
+        pass
+import time
+time.sleep(5)
+"""
+    result = run(session, forge)  # the supervisor cannot parse it: the channel counts as broken
+    assert result.final is None and result.error is not None and result.error.type == "ReplReset"
+    assert run(session, "print('after')").stdout == "after\n"
 
 
 def test_an_interpreter_that_exits_is_replaced(session: ReplSession) -> None:

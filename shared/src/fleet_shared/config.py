@@ -70,6 +70,7 @@ class LocalSandboxSection(Section):
     max_file_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
     tmp_mb: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 256
     workspace_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000
     cpus: Annotated[float, msgspec.Meta(gt=0, le=256)] = 1.0
     uid_base: Annotated[int, msgspec.Meta(ge=1000, le=2**31 - 2**17)] = 200_000
     uid_count: Annotated[int, msgspec.Meta(ge=1, le=2**17)] = 65_536

@@ -7,8 +7,10 @@ import json
 import pytest
 
 from fleet_worker.conversation import CUT_MARK, bounded
+from fleet_worker.outcome import failure_outcome
 from fleet_worker.sandbox.boundary import Caps, call_host_tool, clean, parse_result
-from fleet_worker.sandbox.protocol import HEADER
+from fleet_worker.sandbox.errors import SandboxCrashed
+from fleet_worker.sandbox.protocol import HEADER, decode_payload
 
 
 def test_clean_replaces_lone_surrogates_at_any_depth() -> None:
@@ -70,3 +72,36 @@ def test_history_keeps_the_newest_turns_that_fit(
     assert sum(len(p["request"]) + len(p["answer"]) for p in history) <= max_chars + 2 * len(CUT_MARK)
     if history:
         assert history[-1] == pairs[-1] or max_chars < sizes[-1]
+
+
+def nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_forged_deep_values_are_refused_without_recursion_errors() -> None:
+    """Past what the REPL sends (100 levels), a value was forged: a tool call is refused and a
+    result counts as a broken REPL; neither costs the host a RecursionError."""
+    deep = nested(5000)  # json.loads itself manages this; recursing over it would not
+    call = {"op": "tool_call", "name": "echo", "kwargs": {"n": deep}}
+    reply = call_host_tool({"echo": lambda n: n}, call, Caps())
+    decoded = json.loads(reply[HEADER.size :])
+    assert decoded["ok"] is False and "levels deep" in decoded["error"]
+    with pytest.raises(SandboxCrashed, match="levels deep"):
+        parse_result({"op": "result", "id": 1, "final": {"answer": deep}}, "", False, Caps())
+    fine = parse_result({"op": "result", "id": 1, "final": {"answer": nested(90)}}, "", False, Caps())
+    assert fine.error is None and fine.final == {"answer": nested(90)}
+
+
+def test_a_frame_too_deep_to_decode_is_a_crashed_repl_not_a_recursion_error() -> None:
+    with pytest.raises(SandboxCrashed):
+        decode_payload(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+
+
+def test_failure_messages_never_carry_nul() -> None:
+    """PostgreSQL's text columns refuse NUL; a crashed REPL's stderr may hold one."""
+    outcome = failure_outcome(SandboxCrashed("REPL died; stderr: a\x00b"))
+    assert outcome.failure_message is not None and "\x00" not in outcome.failure_message
+    assert "a\ufffdb" in outcome.failure_message

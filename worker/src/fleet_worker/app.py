@@ -54,6 +54,7 @@ def sandbox_provider(settings: Settings) -> LocalSandboxProvider:
             max_file_mb=local.max_file_mb,
             tmp_mb=local.tmp_mb,
             workspace_mb=local.workspace_mb,
+            workspace_files=local.workspace_files,
             cpus=local.cpus,
             uid_base=local.uid_base,
             uid_count=local.uid_count,

@@ -63,7 +63,8 @@ def failure_outcome(exc: BaseException) -> Outcome:
 
 
 def failed(command: RunCommand, status: str, code: str, message: str) -> Outcome:
-    return Outcome(command, status, failure_code=code, failure_message=message)
+    # Text from a sandbox may carry NUL, which PostgreSQL's text columns refuse.
+    return Outcome(command, status, failure_code=code, failure_message=message.replace("\x00", "\ufffd"))
 
 
 def find_cause(exc: BaseException) -> BaseException:

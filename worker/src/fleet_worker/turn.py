@@ -32,7 +32,7 @@ from fleet_worker.lm.script import Script
 from fleet_worker.outcome import SHUTDOWN_OUTCOME, Outcome, failure_outcome, terminal_event, usage_event
 from fleet_worker.program import ProgramRun, start_program, wait_for_program, with_observations
 from fleet_worker.publisher import EventSink
-from fleet_worker.sandbox.errors import SandboxUnavailable
+from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
 from fleet_worker.settlement import commit_with_retry
 
@@ -190,6 +190,8 @@ async def prepare(
         )
     except SandboxUnavailable as exc:
         raise SandboxFailed(str(exc), code="sandbox_unavailable") from None
+    except OSError as exc:  # e.g. a workspace a past Run left unusable; reported scrubbed
+        raise SandboxError(f"the sandbox could not start: {exc}") from None
     cleanup.push_async_callback(release_shielded, deps, sandbox)
     return conversation.request, conversation.history, sandbox
 

@@ -17,6 +17,13 @@ from fleet_worker.sandbox.errors import FrameTooLarge, SandboxCrashed
 from fleet_worker.sandbox.protocol import encode_frame
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# The REPL refuses values nested deeper than 100 levels (repl_main.MAX_NESTING); anything
+# deeper here was forged past it. The margin covers the frame's own envelope.
+MAX_NESTING = 104
+
+
+class TooDeep(ValueError):
+    """A value from the sandbox nests deeper than the REPL ever sends."""
 
 
 @dataclass(frozen=True)
@@ -47,14 +54,17 @@ class CellResult:
     error: CellError | None
 
 
-def clean(value: Any) -> Any:
-    """The value with every string's lone surrogates replaced by U+FFFD, at any depth."""
+def clean(value: Any, depth: int = 0) -> Any:
+    """The value with every string's lone surrogates replaced by U+FFFD; TooDeep past
+    MAX_NESTING levels (so the recursion here stays far from Python's limit)."""
     if isinstance(value, str):
         return value if value.isascii() else LONE_SURROGATE.sub("\ufffd", value)
+    if depth > MAX_NESTING and isinstance(value, dict | list):
+        raise TooDeep(f"a value from the sandbox nests more than {MAX_NESTING} levels deep")
     if isinstance(value, dict):
-        return {clean(key): clean(item) for key, item in value.items()}
+        return {clean(key): clean(item, depth + 1) for key, item in value.items()}
     if isinstance(value, list):
-        return [clean(item) for item in value]
+        return [clean(item, depth + 1) for item in value]
     return value
 
 
@@ -71,7 +81,10 @@ def capped(text: str, limit: int) -> str:
 def parse_result(message: Mapping[str, Any], stdout: str, truncated: bool, caps: Caps) -> CellResult:
     """Turn a result frame (and the output read meanwhile) into a CellResult; a malformed frame
     means a broken REPL. An oversized SUBMIT becomes the cell's error, so the RLM can shorten it."""
-    final, error = clean(message.get("final")), clean(message.get("error"))
+    try:
+        final, error = clean(message.get("final")), clean(message.get("error"))
+    except TooDeep as exc:
+        raise SandboxCrashed(f"REPL sent a malformed result: {exc}") from exc
     if final is not None and not isinstance(final, dict):
         raise SandboxCrashed("REPL sent a non-object SUBMIT value")
     if error is not None and not isinstance(error, dict):
@@ -95,10 +108,15 @@ def parse_result(message: Mapping[str, Any], stdout: str, truncated: bool, caps:
 def call_host_tool(tools: Mapping[str, Callable[..., Any]], message: Mapping[str, Any], caps: Caps) -> bytes:
     """Run one tool_call on the host and encode its tool_result; tool errors go back to the cell."""
     name = message.get("name")
-    kwargs = clean(message.get("kwargs"))
+    try:
+        kwargs = clean(message.get("kwargs"))
+    except TooDeep as exc:
+        kwargs = exc
     tool = tools.get(name) if isinstance(name, str) else None
     reply: dict[str, Any]
-    if tool is None:
+    if isinstance(kwargs, TooDeep):
+        reply = {"op": "tool_result", "ok": False, "error": str(kwargs)}
+    elif tool is None:
         reply = {"op": "tool_result", "ok": False, "error": f"unknown tool {capped(str(name), 100)!r}"}
     elif not isinstance(kwargs, dict):
         reply = {"op": "tool_result", "ok": False, "error": "tool arguments must be an object"}

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,17 +71,34 @@ class Cgroup:
         return False
 
     def remove(self) -> None:
+        """Kill what is left and remove the directories. The kernel lets go of a cgroup a moment
+        after its last process exits: what is still busy after a few tries is retried in the
+        background, so a slow exit costs neither the caller's time nor a leaked directory."""
         self.kill_all()
-        for directory in self.dirs:
-            for _ in range(50):  # the kernel lets go of a cgroup a moment after its last process
+        if not self.try_rmdir(attempts=20, pause=0.0):
+            threading.Thread(target=self.try_rmdir, args=(100, 0.05), daemon=True).start()
+
+    def try_rmdir(self, attempts: int, pause: float) -> bool:
+        left = list(self.dirs)
+        for _ in range(attempts):
+            for directory in list(left):
                 try:
                     directory.rmdir()
-                    break
+                    left.remove(directory)
                 except FileNotFoundError:
-                    break
+                    left.remove(directory)
                 except OSError:
-                    self.kill_all()
-                    os.sched_yield()
+                    pass
+            if not left:
+                return True
+            self.kill_all()
+            if pause:
+                time.sleep(pause)
+            else:
+                os.sched_yield()
+        if pause:
+            log.warning("sandbox.cgroup_not_removed", cgroups=[str(d) for d in left])
+        return False
 
 
 class Cgroups:
@@ -106,11 +125,21 @@ class Cgroups:
             return cls((), 0, "no writable memory, pids and cpu controllers")
         bases, version = found
         cgroups = cls(bases, version)
+        cgroups.sweep()
         try:
             cgroups.create(limits).remove()  # prove it works before anyone relies on it
         except OSError as exc:
             return cls((), 0, f"cgroups are not writable here: {exc}")
         return cgroups
+
+    def sweep(self) -> None:
+        """Remove REPL cgroups a crashed worker left behind. Only empty ones go (rmdir refuses
+        a cgroup with processes), so a live neighbour sharing the base keeps its own."""
+        for base in self.bases:
+            with contextlib.suppress(OSError):
+                for stale in base.glob("repl-*"):
+                    with contextlib.suppress(OSError):
+                        stale.rmdir()
 
     def create(self, limits: Limits) -> Cgroup:
         name = f"repl-{uuid.uuid4().hex[:12]}"

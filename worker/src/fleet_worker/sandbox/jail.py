@@ -38,6 +38,7 @@ class LocalSandboxConfig:
     max_file_mb: int = 64
     tmp_mb: int = 256  # /tmp, a tmpfs in RAM
     workspace_mb: int = 1024  # what /workspace may grow to during a cell
+    workspace_files: int = 100_000  # and how many entries it may hold
     cpus: float = 1.0  # CPU time per wall second, with a cgroup
     uid_base: int = 200_000  # on a root worker, each workspace's sandbox runs as one uid of
     uid_count: int = 65_536  # [uid_base, uid_base + uid_count): never a real user, never nobody
@@ -153,6 +154,10 @@ def bwrap_command(
         "--unshare-all",
         "--unshare-user",
         "--disable-userns",  # and no user namespace of its own inside
+        # The REPL's supervisor is pid 1 itself: no bwrap init holds the worker's pipes inside
+        # the jail (a dumpable process the cell could take over), and pid 1 ignores the cell's
+        # signals.
+        "--as-pid-1",
         "--uid",
         str(uid),
         "--gid",
@@ -167,7 +172,9 @@ def bwrap_command(
         argv += ["--setenv", key, value]
     # No /etc at all: python -I -S needs nothing from it.
     argv += ["--ro-bind", "/usr", "/usr", *system_links()]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(cfg.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    tmp_bytes = str(cfg.tmp_mb * 1024 * 1024)
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_bytes, "--tmpfs", "/tmp"]
+    argv += ["--size", tmp_bytes, "--tmpfs", "/dev/shm"]
     if prefix is not None:
         argv += ["--ro-bind", prefix, prefix]
     argv += [
@@ -179,6 +186,12 @@ def bwrap_command(
         DRIVER_MOUNT,
         "--chdir",
         WORKSPACE_MOUNT,
+        # Nothing writable but /workspace, /tmp and /dev/shm (the jail's root and /dev are tmpfs
+        # that would otherwise take writes without a size limit).
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
         "--",
         executable,
         *driver_args(cfg, DRIVER_MOUNT),

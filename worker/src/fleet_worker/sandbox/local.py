@@ -97,7 +97,7 @@ class LocalSandboxLease:
             cell_timeout_seconds=self._cfg.cell_timeout_seconds,
             startup_timeout_seconds=self._cfg.startup_timeout_seconds,
             caps=self._caps,
-            budget=WorkspaceBudget(self.workspace, self._cfg.workspace_mb * 2**20),
+            budget=WorkspaceBudget(self.workspace, self._cfg.workspace_mb * 2**20, self._cfg.workspace_files),
             label=f"{self.run_id}-next" if self._released else self.run_id,
         )
 
@@ -125,7 +125,7 @@ class LocalSandboxLease:
                 log.warning("sandbox.shutdown_failed", run_id=self.run_id, error=str(exc))
         try:  # what the Run left behind: no setuid bits, no devices, fifos or sockets
             sanitize(self.workspace, self._launch.run_as)
-        except OSError as exc:
+        except Exception as exc:  # a hostile tree must not turn a release into a crash
             log.warning("sandbox.sanitize_failed", run_id=self.run_id, error=str(exc))
             return
         if self._pool is not None:  # a fresh REPL for this workspace's next Run
@@ -323,5 +323,9 @@ class LocalSandboxProvider:
             return self._driver
 
     def close(self) -> None:
-        """Shut down the warm REPLs (the worker is stopping)."""
+        """Shut down the warm REPLs and remove the staged driver (the worker is stopping)."""
         self._pool.close()
+        with self._lock:
+            driver, self._driver = self._driver, None
+        if driver is not None:
+            shutil.rmtree(driver.parent, ignore_errors=True)

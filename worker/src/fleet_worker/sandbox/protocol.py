@@ -44,7 +44,7 @@ def decode_payload(payload: bytes) -> dict[str, Any]:
     """Decode a frame body; anything but one JSON object means the protocol is broken."""
     try:
         message = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise SandboxCrashed(f"REPL sent a frame that is not valid JSON: {exc}") from exc
     if not isinstance(message, dict):
         raise SandboxCrashed(f"REPL sent a {type(message).__name__} frame instead of an object")

@@ -28,15 +28,20 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import traceback
 import types
 from typing import Any, NoReturn
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
+CONTAINERS = (dict, list, tuple, set, frozenset)
 RESERVED_NAMES = frozenset({"SUBMIT", "__builtins__"})
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 WATCH_SECONDS = 0.5  # how often the supervisor looks at a running child (stopped? gone?)
+# Values leaving the interpreter nest at most this deep: the host's checks recurse, and a deeper
+# value would cost it (or this supervisor) a RecursionError instead of a clean refusal.
+MAX_NESTING = 100
 STOPPED = "the REPL process was stopped (SIGSTOP); it was killed and restarted, so its state was reset"
 # Frames of this file are driver plumbing, never shown in a cell's traceback.
 DRIVER_FILE = __file__
@@ -56,8 +61,12 @@ class Channel:
     def __init__(self, fd_in: int, fd_out: int) -> None:
         self.fd_in = fd_in
         self.fd_out = fd_out
+        # A cell's threads may call tools too: one call (its frame out, its reply in) at a time.
+        self.lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> None:
+        if nests_deeper(message, MAX_NESTING):
+            raise ValueError(f"the value nests more than {MAX_NESTING} levels deep")
         payload = json.dumps(message, default=jsonable, separators=(",", ":")).encode("ascii")
         if len(payload) > MAX_FRAME_BYTES:
             raise ValueError(f"message of {len(payload)} bytes exceeds the frame limit")
@@ -78,7 +87,7 @@ class Channel:
             return None
         try:
             message = json.loads(payload.decode("utf-8"))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return message if isinstance(message, dict) else None
 
@@ -95,8 +104,9 @@ class Channel:
         return bytes(buffer)
 
     def call_tool(self, name: str, kwargs: dict[str, Any]) -> Any:
-        self.send({"op": "tool_call", "name": name, "kwargs": kwargs})
-        reply = self.receive()
+        with self.lock:
+            self.send({"op": "tool_call", "name": name, "kwargs": kwargs})
+            reply = self.receive()
         if reply is None or reply.get("op") != "tool_result":
             os._exit(3)  # the supervisor is gone or confused: nothing sensible remains to do
         if reply.get("ok"):
@@ -229,6 +239,19 @@ def nested_codes(code: types.CodeType) -> set[types.CodeType]:
     return found
 
 
+def nests_deeper(value: object, limit: int) -> bool:
+    """Whether containers inside `value` nest more than `limit` levels (checked without
+    recursion, so no depth can break the check itself)."""
+    stack: list[tuple[Any, int]] = [(value, 0)] if isinstance(value, CONTAINERS) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, CONTAINERS))
+    return False
+
+
 def jsonable(value: object) -> object:
     """JSON fallback for values leaving the sandbox: sets become lists, the rest str."""
     if isinstance(value, set | frozenset):
@@ -254,17 +277,20 @@ def child_main(sock: int) -> NoReturn:
     repl = Repl(channel)
     channel.send({"op": "ready"})
     while True:
-        message = channel.receive()
+        with channel.lock:
+            message = channel.receive()
         if message is None or message.get("op") != "execute":
             os._exit(0)
         reply = repl.execute(message)
-        try:
-            channel.send(reply)
-        except (TypeError, ValueError, RecursionError) as exc:
-            # The SUBMIT value could not be encoded (cyclic, too large): report it as the error.
-            reply.pop("final", None)
-            reply["error"] = {"type": type(exc).__name__, "message": f"cannot send the cell result: {exc}"}
-            channel.send(reply)
+        with channel.lock:
+            try:
+                channel.send(reply)
+            except (TypeError, ValueError, RecursionError) as exc:
+                # The SUBMIT value could not be encoded (cyclic, too deep, too large): that is the error.
+                reply.pop("final", None)
+                why = f"cannot send the cell result: {exc}"
+                reply["error"] = {"type": type(exc).__name__, "message": why}
+                channel.send(reply)
 
 
 # --- the supervisor -------------------------------------------------------------------------------
@@ -313,6 +339,7 @@ class Supervisor:
     def run_cell(self, request: dict[str, Any]) -> None:
         request_id = request.get("id")
         assert self.child is not None
+        signal_child(self.child_pid, signal.SIGCONT)
         self.child.send(request)
         while True:
             message = self.next_from_child()
@@ -320,7 +347,8 @@ class Supervisor:
                 self.replace_child()
                 self.host.send({"op": "result", "id": request_id, "error": problem(message)})
                 return
-            op = message.get("op")
+            # A child that wrote its own frames past the depth check broke the protocol.
+            op = None if nests_deeper(message, MAX_NESTING) else message.get("op")
             if (
                 op == "tool_call"
                 and isinstance(message.get("name"), str)
@@ -340,6 +368,9 @@ class Supervisor:
                 )
             elif op == "result" and message.get("id") == request_id:
                 kill_leftovers(keep=self.child_pid)
+                # Threads the cell left running wait, stopped, for the next cell: between cells
+                # nothing of the sandbox runs, writes to the workspace or prints.
+                signal_child(self.child_pid, signal.SIGSTOP)
                 self.host.send(result_of(message, request_id))
                 return
             else:
@@ -407,6 +438,11 @@ def end_child(pid: int) -> str:
         hint = " (out of memory, or killed)" if number == signal.SIGKILL else ""
         return f"died by signal {signal.Signals(number).name}{hint}"
     return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def signal_child(pid: int, number: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, number)
 
 
 def process_state(pid: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 import subprocess
@@ -14,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from fleet_worker.sandbox.boundary import Caps, CellResult, call_host_tool, parse_result
+from fleet_worker.sandbox.boundary import Caps, CellError, CellResult, call_host_tool, parse_result
 from fleet_worker.sandbox.cgroups import Cgroup
 from fleet_worker.sandbox.errors import (
     CellCrashed,
@@ -44,6 +45,7 @@ log = structlog.get_logger(__name__)
 
 RESERVED_NAMES = frozenset({"SUBMIT", "__builtins__"})
 SHUTDOWN_GRACE_SECONDS = 2.0
+BUDGET_EVERY_SECONDS = 1.0
 
 
 def tool_params(tool: Callable[..., Any]) -> list[str]:
@@ -166,13 +168,23 @@ class ReplSession:
                     truncated=truncated,
                 )
             if message is not None:
-                return parse_result(message, stdout, truncated, self._caps)
+                return self._checked(parse_result(message, stdout, truncated, self._caps))
             if isinstance(failure, FrameTimeout):
                 self._discard(repl)
                 self._respawn_quietly()
                 raise CellTimeout(self._cell_timeout, stdout=stdout, truncated=truncated)
             reason = self._crash_reason(repl, failure)
             raise CellCrashed(reason, stdout=stdout, truncated=truncated) from failure
+
+    def _checked(self, result: CellResult) -> CellResult:
+        """A cell that ended with the workspace over its budget: told so (its files stay)."""
+        if self._budget is None or result.final is not None:
+            return result
+        overrun = self._budget.overrun()
+        if overrun is None or result.error is not None:
+            return result
+        note = f"{overrun}; the files this cell wrote were kept: delete some to make room"
+        return dataclasses.replace(result, error=CellError("WorkspaceOverBudget", note, ""))
 
     def interrupt(self) -> None:
         """Kill the running cell's REPL from any thread; execute() then raises CellInterrupted."""
@@ -278,15 +290,16 @@ class ReplSession:
         budget = self._budget
         if budget is not None:
             budget.begin_cell()
+        last_measured = time.monotonic()
 
-        def watch() -> None:  # about once a second while the cell runs
-            if repl.supervisor is not None and process_state(repl.supervisor) in ("T", "t"):
-                raise SandboxStopped("the REPL's supervisor was stopped (SIGSTOP)")
-            if budget is not None and budget.over():
-                raise SandboxStopped(
-                    f"the workspace grew past its {budget.limit_bytes // 2**20} MiB budget "
-                    "(sandbox.local.workspace_mb); delete files to make room"
-                )
+        def watch() -> None:  # about once a second while the cell runs, and after tool calls
+            nonlocal last_measured
+            if repl.supervisor is not None and process_state(repl.supervisor) in ("T", "t", "Z", "?"):
+                raise SandboxStopped("the REPL's supervisor was stopped or is gone")
+            if budget is not None and time.monotonic() - last_measured >= BUDGET_EVERY_SECONDS:
+                last_measured = time.monotonic()
+                if (overrun := budget.overrun()) is not None:
+                    raise SandboxStopped(f"{overrun}; delete files to make room")
 
         write_all(to_repl, request, deadline)
         while True:
@@ -294,6 +307,7 @@ class ReplSession:
             op = message.get("op")
             if op == "tool_call":
                 write_all(to_repl, call_host_tool(tools, message, self._caps), deadline)
+                watch()  # a cell that keeps calling tools is never idle long enough otherwise
             elif op == "result":
                 if message.get("id") != request_id:
                     raise SandboxCrashed(f"REPL answered cell {message.get('id')!r}")

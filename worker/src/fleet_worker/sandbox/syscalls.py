@@ -82,7 +82,7 @@ DENIED_SYSCALLS = (
     "lookup_dcookie",
 )
 ALLOWED_FAMILIES = frozenset({socket.AF_UNIX, socket.AF_INET, socket.AF_INET6})
-MAX_FAMILY = 64  # AF_MAX is 46 today; a little room for what newer kernels add
+MAX_FAMILY = 256  # AF_MAX is 46 today; room for what newer kernels add (the kernel refuses >= AF_MAX)
 
 
 def build_filter() -> bytes:
@@ -94,10 +94,14 @@ def build_filter() -> bytes:
             syscall_filter.add_rule(libseccomp.ERRNO(errno.EPERM), name)
         except (ValueError, OSError):
             continue  # not a syscall on this architecture or this libseccomp
+    # The kernel reads the family as a 32-bit int: compare the low 32 bits only, or a family
+    # with high bits set (`(1 << 32) | AF_NETLINK`) would slip past an exact 64-bit compare.
+    refuse = libseccomp.ERRNO(errno.EAFNOSUPPORT)
     for family in range(MAX_FAMILY):
         if family not in ALLOWED_FAMILIES:
-            refuse = libseccomp.ERRNO(errno.EAFNOSUPPORT)
-            syscall_filter.add_rule(refuse, "socket", libseccomp.Arg(0, libseccomp.EQ, family))
+            low32 = libseccomp.Arg(0, libseccomp.MASKED_EQ, 0xFFFFFFFF, family)
+            syscall_filter.add_rule(refuse, "socket", low32)
+            syscall_filter.add_rule(refuse, "socketpair", low32)
     with tempfile.TemporaryFile() as out:
         syscall_filter.export_bpf(out)
         out.seek(0)

@@ -15,7 +15,63 @@ from pathlib import Path
 
 WORKSPACE_DIRS = ("memory", "skills", "attachments", "artifacts")
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO swapped in for a directory fails to open instead of blocking the host.
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+MAX_DEPTH = 64  # deeper folders are neither walked nor counted (and make the budget refuse)
+
+
+class Unwalkable(Exception):
+    """Part of the workspace cannot be looked into (unreadable, or nested past MAX_DEPTH)."""
+
+
+def walk(root: Path, *, strict: bool = False) -> Iterator[tuple[int, str, os.stat_result]]:
+    """Every entry under `root` as (parent dir fd, name, lstat), depth first.
+
+    Iterative (a deep tree cannot exhaust the stack), holding one fd per level. Each directory is
+    opened relative to its parent with O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK: a directory swapped for
+    a symlink or a FIFO while the host walks fails to open, and is skipped, never followed.
+    `strict` raises Unwalkable for what cannot be looked into instead of skipping it."""
+    top = os.open(root, DIR_FLAGS)
+    try:
+        stack: list[tuple[int, Iterator[str]]] = [(top, iter(os.listdir(top)))]
+    except OSError:
+        os.close(top)
+        raise
+    try:
+        while stack:
+            fd, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(stack.pop()[0])
+                continue
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            yield fd, name, info
+            if not stat.S_ISDIR(info.st_mode):
+                continue
+            if len(stack) > MAX_DEPTH:
+                if strict:
+                    raise Unwalkable(f"folders nested deeper than {MAX_DEPTH} levels")
+                continue
+            try:
+                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:  # EACCES, ELOOP (swapped for a link), ENXIO
+                if strict:
+                    raise Unwalkable(f"a folder cannot be read ({os.strerror(exc.errno or 0)})") from None
+                continue
+            try:
+                stack.append((child, iter(os.listdir(child))))
+            except OSError:
+                os.close(child)
+                if strict:
+                    raise Unwalkable("a folder cannot be listed") from None
+    finally:
+        for fd, _names in stack:
+            os.close(fd)
 
 
 @contextlib.contextmanager
@@ -59,14 +115,12 @@ def sanitize(workspace: Path, owner: int | None) -> None:
     chown (the jail cannot link across mounts, but the host never relies on that)."""
     if owner is not None:
         os.chown(workspace, owner, owner, follow_symlinks=False)
-    for _top, dirs, files, dir_fd in os.fwalk(workspace, follow_symlinks=False):
-        for name in (*dirs, *files):
-            with contextlib.suppress(FileNotFoundError):  # the sandbox may still be changing it
-                sanitize_entry(dir_fd, name, owner)
+    for dir_fd, name, info in walk(workspace):
+        with contextlib.suppress(FileNotFoundError):  # the sandbox may still be changing it
+            sanitize_entry(dir_fd, name, info, owner)
 
 
-def sanitize_entry(dir_fd: int, name: str, owner: int | None) -> None:
-    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+def sanitize_entry(dir_fd: int, name: str, info: os.stat_result, owner: int | None) -> None:
     mode = info.st_mode
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
         os.unlink(name, dir_fd=dir_fd)  # a device, fifo or socket: nothing a workspace needs
@@ -116,29 +170,41 @@ HOST_PATHS = HostPaths()
 
 
 class WorkspaceBudget:
-    """How much a workspace may hold on disk. A cell that grows it past the budget is stopped;
-    a workspace already over it (an older Run, an attachment) may still shrink, never grow."""
+    """How much a workspace may hold on disk, in bytes and in files. It is measured when a cell
+    ends and about every second while one runs; a cell that grows the workspace past the budget
+    is stopped. A workspace already over it (an attachment, say) may shrink, never grow."""
 
-    def __init__(self, workspace: Path, limit_bytes: int) -> None:
+    def __init__(self, workspace: Path, limit_bytes: int, limit_files: int) -> None:
         self.workspace = workspace
         self.limit_bytes = limit_bytes
-        self.known = self.usage()  # refreshed whenever a cell runs long enough to be watched
-        self.allowed = max(limit_bytes, self.known)
+        self.limit_files = limit_files
+        self.known = (0, 0)
+        self.allowed = (limit_bytes, limit_files)
+        with contextlib.suppress(Unwalkable, OSError):
+            self.known = self.usage()
+            self.allowed = (max(limit_bytes, self.known[0]), max(limit_files, self.known[1]))
 
-    def usage(self) -> int:
-        """Bytes allocated under the workspace, without following links (st_blocks, so sparse
-        files count for what they really take)."""
-        total = 0
-        for _top, dirs, files, dir_fd in os.fwalk(self.workspace, follow_symlinks=False):
-            for name in (*dirs, *files):
-                with contextlib.suppress(FileNotFoundError):
-                    total += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_blocks * 512
-        return total
+    def usage(self) -> tuple[int, int]:
+        """Bytes allocated (st_blocks: a sparse file counts for what it takes) and entries."""
+        total = files = 0
+        for _fd, _name, info in walk(self.workspace, strict=True):
+            total += info.st_blocks * 512
+            files += 1
+        return total, files
 
     def begin_cell(self) -> None:
-        """No walk per cell (a short cell cannot write much): the last known size stands in."""
-        self.allowed = max(self.limit_bytes, self.known)
+        self.allowed = (max(self.limit_bytes, self.known[0]), max(self.limit_files, self.known[1]))
 
-    def over(self) -> bool:
-        self.known = self.usage()
-        return self.known > self.allowed
+    def overrun(self) -> str | None:
+        """Why the workspace is over its budget now, or None."""
+        try:
+            self.known = self.usage()
+        except Unwalkable as exc:
+            return f"the workspace cannot be measured: {exc}"
+        size, files = self.known
+        if size > self.allowed[0]:
+            megabytes = self.limit_bytes // 2**20
+            return f"the workspace grew past its {megabytes} MiB budget (sandbox.local.workspace_mb)"
+        if files > self.allowed[1]:
+            return f"the workspace grew past {self.limit_files} files (sandbox.local.workspace_files)"
+        return None
