@@ -48,12 +48,12 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     rounds = 50 if quick else 500
     root = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     root.chmod(0o711)
-    provider = LocalSandboxProvider(LocalSandboxConfig(pool_size=4), caps=Caps())
+    provider = LocalSandboxProvider(LocalSandboxConfig(pool_size=4), caps=Caps(), workspaces=root)
     baseline = LocalInterpreter(tools={"echo": echo})
     try:
         baseline.start()
-        lease = provider.acquire(root / "ws", "bench")
-        session = lease.new_session()
+        lease = provider.acquire("ws", "bench")
+        session = lease.interpreter_factory()
         tools = {"echo": echo}
         session.execute("x = 1", {}, tools, None)
         baseline.execute("x = 1")
@@ -88,10 +88,10 @@ def leases(provider: LocalSandboxProvider, root: Path, rounds: int) -> tuple[dic
     acquire_warm, first_warm, acquire_cold, first_cold = [], [], [], []
     for index in range(rounds):
         for warm in (True, False):
-            workspace = root / ("again" if warm else f"new-{index}")
+            workspace = "again" if warm else f"new-{index}"
             started = time.perf_counter()
             lease = provider.acquire(workspace, "bench")
-            session = lease.new_session()
+            session = lease.interpreter_factory()
             (acquire_warm if warm else acquire_cold).append(time.perf_counter() - started)
             (first_warm if warm else first_cold).append(
                 timed(lambda s=session: s.execute("y = 2", {}, {}, None))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,6 +22,7 @@ from tests.support.servers import RedisServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET_SENTINEL = "sk-e2e-must-not-leak"
+NODE_DIR = REPO / "tests" / "node"
 
 
 @dataclass
@@ -153,3 +156,24 @@ def postgres_stack(postgres_url: str) -> Iterator[Stack]:
     stack = start_stack(work_dir("pg"), {"FLEET_DATABASE_URL": postgres_url})
     yield stack
     stop_stack(stack)
+
+
+@pytest.fixture(scope="session")
+def node_check() -> Path:
+    """The AI SDK checker, with its pinned packages installed (`npm ci`) if they are missing."""
+    if not (NODE_DIR / "node_modules" / "ai6").is_dir() or not (NODE_DIR / "node_modules" / "ai7").is_dir():
+        npm = shutil.which("npm")
+        assert npm, "npm is required for the AI SDK stream check"
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, capture_output=True)
+    return NODE_DIR / "check_stream.mjs"
+
+
+def ai_sdk_parse(node_check: Path, alias: str, raw: bytes) -> dict[str, Any]:
+    node = shutil.which("node")
+    assert node
+    result = subprocess.run(
+        [node, str(node_check), alias], input=raw, capture_output=True, timeout=60, check=False
+    )
+    report: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert result.returncode == 0 and report["ok"], f"{alias} rejected the stream: {report} {result.stderr!r}"
+    return report

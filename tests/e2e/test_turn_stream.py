@@ -6,42 +6,17 @@ The LM is the deterministic scripted LM (the provider is unreachable here); ever
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import REPO, SECRET_SENTINEL, Stack
+from tests.e2e.conftest import SECRET_SENTINEL, Stack, ai_sdk_parse
 from tests.e2e.sse import TurnStream, post_turn
 
 pytestmark = pytest.mark.e2e
-NODE_DIR = REPO / "tests" / "node"
-
-
-@pytest.fixture(scope="session")
-def node_check() -> Path:
-    """The AI SDK checker, with its pinned packages installed (`npm ci`) if they are missing."""
-    if not (NODE_DIR / "node_modules" / "ai6").is_dir() or not (NODE_DIR / "node_modules" / "ai7").is_dir():
-        npm = shutil.which("npm")
-        assert npm, "npm is required for the AI SDK stream check"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, capture_output=True)
-    return NODE_DIR / "check_stream.mjs"
-
-
-def ai_sdk_parse(node_check: Path, alias: str, raw: bytes) -> dict[str, Any]:
-    node = shutil.which("node")
-    assert node
-    result = subprocess.run(
-        [node, str(node_check), alias], input=raw, capture_output=True, timeout=60, check=False
-    )
-    report: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
-    assert result.returncode == 0 and report["ok"], f"{alias} rejected the stream: {report} {result.stderr!r}"
-    return report
 
 
 def new_session(stack: Stack, title: str = "e2e") -> str:

@@ -4,6 +4,7 @@ Turn; the LM is the scripted LM (no provider is reachable here)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from fleet_shared import event_log, redis_keys
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import queries
+from fleet_shared.db.models import Attachment
 from fleet_shared.event_log import Appended, RunLog, lease_token
 from fleet_shared.events import RunEvent
 from fleet_shared.queue import RUN_TURN, deserialize_job, serialize_job
@@ -45,6 +47,7 @@ class Harness:
         enqueue: bool = True,
         session_id: str | None = None,
         key: str = "k",
+        attachments: Sequence[Attachment] = (),
     ) -> str:
         """Claim a Turn (in a new session, or `session_id`) and queue it, as the gateway does."""
         async with self.sessions() as db:
@@ -57,6 +60,7 @@ class Harness:
                 fingerprint="f",
                 text=text,
                 model=self.settings.root_lm.name,
+                attachments=attachments,
             )
         assert isinstance(claimed, queries.Claimed)
         if not enqueue:
@@ -118,6 +122,7 @@ def make_settings(
     turn_timeout: float = 60,
     local: dict[str, Any] | None = None,
     rlm: dict[str, Any] | None = None,
+    storage: dict[str, Any] | None = None,
 ) -> Settings:
     settings = load_settings(
         {
@@ -135,7 +140,8 @@ def make_settings(
     )
     sandbox = msgspec.structs.replace(profile.sandbox, local=local_section)
     rlm_section = msgspec.structs.replace(profile.rlm, **(rlm or {}))
+    storage_section = msgspec.structs.replace(profile.storage, **(storage or {}))
     profile = msgspec.structs.replace(
-        profile, runtime=runtime, worker=worker, sandbox=sandbox, rlm=rlm_section
+        profile, runtime=runtime, worker=worker, sandbox=sandbox, rlm=rlm_section, storage=storage_section
     )
     return msgspec.structs.replace(settings, profile=profile, data_dir=work_dir / ".fleet")

@@ -44,9 +44,12 @@ def open_lease(workspace: Path) -> Iterator[Callable[..., LocalSandboxLease]]:
     ) -> LocalSandboxLease:
         cfg = LocalSandboxConfig(**{"cell_timeout_seconds": 20.0, **settings})
         provider = LocalSandboxProvider(
-            cfg, caps=Caps(max_output_chars=max_output_chars), search_path=search_path
+            cfg,
+            caps=Caps(max_output_chars=max_output_chars),
+            search_path=search_path,
+            workspaces=workspace.parent,
         )
-        lease = provider.acquire(workspace, "run-test")
+        lease = provider.acquire(workspace.name, "run-test")
         leases.append(lease)
         return lease
 
@@ -57,7 +60,7 @@ def open_lease(workspace: Path) -> Iterator[Callable[..., LocalSandboxLease]]:
 
 @pytest.fixture
 def session(open_lease: Callable[..., LocalSandboxLease]) -> ReplSession:
-    return open_lease().new_session()
+    return open_lease().interpreter_factory()
 
 
 def run(
@@ -109,7 +112,7 @@ def test_print_and_stderr_are_captured(session: ReplSession) -> None:
 
 
 def test_output_cap_truncates(open_lease: Callable[..., LocalSandboxLease]) -> None:
-    session = open_lease(max_output_chars=1000).new_session()
+    session = open_lease(max_output_chars=1000).interpreter_factory()
     result = run(session, "print('x' * 10**7)\nfor _ in range(100000): print('more')")
     assert result.truncated is True
     assert len(result.stdout) <= 1000
@@ -236,7 +239,7 @@ def test_tool_called_with_too_many_arguments(session: ReplSession) -> None:
 def test_timeout_kills_the_repl_and_the_next_cell_starts_fresh(
     open_lease: Callable[..., LocalSandboxLease],
 ) -> None:
-    session = open_lease(cell_timeout_seconds=1.0).new_session()
+    session = open_lease(cell_timeout_seconds=1.0).interpreter_factory()
     ok(session, "x = 1")
     started = time.monotonic()
     with pytest.raises(CellTimeout, match="lost"):
@@ -248,7 +251,7 @@ def test_timeout_kills_the_repl_and_the_next_cell_starts_fresh(
 
 def test_timeout_leaves_no_process_behind(open_lease: Callable[..., LocalSandboxLease]) -> None:
     marker = "4173.25"
-    session = open_lease(cell_timeout_seconds=1.0).new_session()
+    session = open_lease(cell_timeout_seconds=1.0).interpreter_factory()
     code = f"import subprocess, time\nsubprocess.Popen(['sleep', '{marker}'])\ntime.sleep(30)"
     with pytest.raises(CellTimeout):
         run(session, code)
@@ -301,7 +304,7 @@ def test_session_outlives_the_thread_that_started_it(session: ReplSession) -> No
 
 def test_release_stops_every_session(open_lease: Callable[..., LocalSandboxLease]) -> None:
     lease = open_lease()
-    sessions = [lease.new_session(), lease.new_session()]
+    sessions = [lease.interpreter_factory(), lease.interpreter_factory()]
     for index, session in enumerate(sessions):
         ok(session, f"me = {index}")
     pids = [session.pid for session in sessions]
@@ -312,7 +315,7 @@ def test_release_stops_every_session(open_lease: Callable[..., LocalSandboxLease
     for pid in pids:
         assert pid is not None and not Path(f"/proc/{pid}").exists()
     with pytest.raises(SandboxError):
-        lease.new_session()
+        lease.interpreter_factory()
     with pytest.raises(SandboxError):
         run(sessions[0], "print(1)")
 
@@ -320,7 +323,7 @@ def test_release_stops_every_session(open_lease: Callable[..., LocalSandboxLease
 def test_acquire_creates_the_workspace_layout(
     open_lease: Callable[..., LocalSandboxLease], workspace: Path
 ) -> None:
-    session = open_lease().new_session()
+    session = open_lease().interpreter_factory()
     assert all((workspace / name).is_dir() for name in WORKSPACE_DIRS)
     assert ok(session, "import os\nprint(sorted(os.listdir('.')))") == f"{sorted(WORKSPACE_DIRS)}\n"
 
@@ -357,7 +360,7 @@ def test_host_environment_does_not_leak(
     open_lease: Callable[..., LocalSandboxLease], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLEET_LM_API_KEY", "secret-value")
-    session = open_lease().new_session()
+    session = open_lease().interpreter_factory()
     code = (
         "import os\n"
         "print(os.environ.get('FLEET_LM_API_KEY'), 'secret-value' in open('/proc/self/environ').read())"
@@ -414,7 +417,7 @@ def test_missing_bwrap_with_unisolated_runs_plain_subprocesses(
     monkeypatch.setenv("FLEET_LM_API_KEY", "secret-value")
     lease = open_lease(allow_unisolated=True, search_path=str(tmp_path))
     assert lease.isolated is False
-    session = lease.new_session()
+    session = lease.interpreter_factory()
     stdout = ok(session, "import os\nprint(os.getcwd(), os.environ.get('FLEET_LM_API_KEY'))")
     assert stdout == f"{workspace.resolve()} None\n"
     assert run(session, "SUBMIT(answer=1)").final == {"answer": 1}

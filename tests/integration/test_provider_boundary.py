@@ -127,7 +127,8 @@ def test_a_whole_rlm_turn_runs_on_the_provider_path(provider: FakeProvider, redi
     ]
     workspace = Path(tempfile.mkdtemp(prefix="fleet-provider-"))
     workspace.chmod(0o711)
-    lease = sandbox_provider(settings).acquire(workspace / "ws", "run-provider")
+    settings = msgspec.structs.replace(settings, data_dir=workspace)
+    lease = sandbox_provider(settings).acquire("ws", "run-provider")
     events: list[Any] = []
     stop = threading.Event()
     try:
@@ -140,7 +141,7 @@ def test_a_whole_rlm_turn_runs_on_the_provider_path(provider: FakeProvider, redi
             observer=dspy_adapter.TurnObserver(
                 emit=events.append, run_id="run-provider", stop=stop, max_output_chars=1000
             ),
-            new_session=lease.new_session,
+            interpreter_factory=lease.interpreter_factory,
         )
     finally:
         lease.release()

@@ -26,10 +26,12 @@ def open_session(traversable_dir: Path) -> Iterator[Callable[..., ReplSession]]:
 
     def open_session(max_output_chars: int = 10_000, **settings: Any) -> ReplSession:
         cfg = LocalSandboxConfig(**{"cell_timeout_seconds": 20.0, **settings})
-        provider = LocalSandboxProvider(cfg, caps=Caps(max_output_chars=max_output_chars))
-        lease = provider.acquire(traversable_dir / "ws", "run-abuse")
+        provider = LocalSandboxProvider(
+            cfg, caps=Caps(max_output_chars=max_output_chars), workspaces=traversable_dir
+        )
+        lease = provider.acquire("ws", "run-abuse")
         leases.append(lease)
-        return lease.new_session()
+        return lease.interpreter_factory()
 
     yield open_session
     for lease in leases:

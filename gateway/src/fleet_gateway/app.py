@@ -25,11 +25,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from fleet_gateway.errors import EXCEPTION_HANDLERS, ApiError, envelope, handle_unexpected
 from fleet_gateway.fanout import EventFanout
 from fleet_gateway.middleware import add_request_id_header, request_id_middleware
+from fleet_gateway.routes.artifacts import ArtifactController
+from fleet_gateway.routes.attachments import AttachmentController
+from fleet_gateway.routes.files import FilesController
 from fleet_gateway.routes.health import health, ready
 from fleet_gateway.routes.runs import RunController
 from fleet_gateway.routes.sessions import SessionController
 from fleet_gateway.routes.turns import TurnController
 from fleet_gateway.state import GatewayState
+from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.db.faults import is_unreachable
@@ -62,7 +66,15 @@ def create_app(settings: Settings) -> Litestar:
             stack.push_async_callback(fanout.stop)
             process_id = f"{socket.gethostname()}:{os.getpid()}"
             state = GatewayState(
-                settings, engine, session_factory(engine), arq, fanout, RunLog(arq), process_id, probe
+                settings=settings,
+                engine=engine,
+                sessions=session_factory(engine),
+                arq=arq,
+                fanout=fanout,
+                runlog=RunLog(arq),
+                process_id=process_id,
+                probe=probe,
+                blobs=open_blob_store(settings),
             )
             holder["state"] = state
             # Gateways sweep for lost Runs too, so a Run is recovered even when no worker is alive.
@@ -78,7 +90,14 @@ def create_app(settings: Settings) -> Litestar:
 
     api = Router(
         path="/",
-        route_handlers=[SessionController, TurnController, RunController],
+        route_handlers=[
+            SessionController,
+            TurnController,
+            RunController,
+            AttachmentController,
+            ArtifactController,
+            FilesController,
+        ],
         guards=[require_token(settings)],
     )
     return Litestar(

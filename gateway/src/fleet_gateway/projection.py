@@ -7,6 +7,8 @@ from typing import Any, Literal, assert_never
 
 from fleet_shared.events import (
     Answer,
+    ArtifactCreated,
+    AttachmentStaged,
     CellOutput,
     CodeCell,
     IterationFinished,
@@ -23,7 +25,7 @@ from fleet_shared.events import (
     Usage,
     Warning,
 )
-from fleet_shared.transcript import UNFINISHED_TOOL_TEXT, lm_query_input, usage_payload
+from fleet_shared.transcript import UNFINISHED_TOOL_TEXT, data_part, lm_query_input
 
 Chunk = dict[str, Any]
 Delivery = Literal["live", "replay", "resume"]
@@ -102,10 +104,8 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             return [tool_output(state, call_id, {"texts": texts})]
         case LMQueryFinished(call_id=call_id, text=text):
             return [tool_output(state, call_id, {"text": text or ""})]
-        case Usage():
-            return [{"type": "data-usage", "data": {"usage": usage_payload(event)}}]
-        case Warning(code=code, message=message):
-            return [{"type": "data-warning", "data": {"message": message, "code": code}}]
+        case Usage() | Warning() | AttachmentStaged() | ArtifactCreated():
+            return [data_part(event)]
         case Answer(part_id=part_id, text=text):
             return [
                 {"type": "text-start", "id": part_id},

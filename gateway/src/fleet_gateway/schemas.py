@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from fleet_shared.db.models import Run, Session, Turn
+from fleet_shared.db.models import Artifact, Attachment, Run, Session, Turn
 
 MAX_INT32 = 2**31 - 1
 # Text fields refuse NUL: PostgreSQL cannot store it, and no client means to send it.
@@ -130,3 +130,47 @@ class RunOut(msgspec.Struct, frozen=True, kw_only=True):
 class CancellationOut(msgspec.Struct, frozen=True):
     run_id: str
     state: Literal["requested", "already_requested", "already_terminal"]
+
+
+class AttachmentOut(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    filename: str
+    media_type: str
+    byte_size: int
+    checksum_sha256: str
+    created_at: str
+
+    @classmethod
+    def of(cls, row: Attachment, iso: Any) -> AttachmentOut:
+        return cls(
+            id=row.id,
+            filename=row.filename,
+            media_type=row.media_type,
+            byte_size=row.byte_size,
+            checksum_sha256=row.checksum_sha256,
+            created_at=iso(row.created_at),
+        )
+
+
+class ArtifactOut(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    run_id: str
+    session_id: str
+    name: str
+    media_type: str
+    byte_size: int
+    checksum_sha256: str
+    created_at: str
+
+    @classmethod
+    def of(cls, row: Artifact, iso: Any) -> ArtifactOut:
+        return cls(
+            id=row.id,
+            run_id=row.run_id,
+            session_id=row.session_id,
+            name=row.name,
+            media_type=row.media_type,
+            byte_size=row.byte_size,
+            checksum_sha256=row.checksum_sha256,
+            created_at=iso(row.created_at),
+        )

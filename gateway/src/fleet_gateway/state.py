@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from fleet_gateway.fanout import EventFanout
 from fleet_gateway.streaming import StreamDeps
+from fleet_shared.blobs import BlobStore
 from fleet_shared.config import Settings
 from fleet_shared.event_log import RunLog
 from fleet_shared.queue import RUN_TURN
@@ -25,6 +26,7 @@ class GatewayState:
     runlog: RunLog
     process_id: str
     probe: Redis  # no retries: readiness reports an outage at once instead of riding it out
+    blobs: BlobStore  # attachment and artifact bytes
 
     @property
     def stream_deps(self) -> StreamDeps:

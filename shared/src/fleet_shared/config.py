@@ -91,10 +91,30 @@ class SandboxSection(Section):
     daytona: DaytonaSection | None = None
 
 
+class BlobSection(Section):
+    """Where attachment and artifact bytes live: a folder (embedded stack, or a volume shared by
+    gateways and workers), or an S3-compatible bucket. Credentials are env var names only."""
+
+    backend: Literal["local", "s3"] = "local"
+    local_dir: str | None = None  # default: <data_dir>/blobs
+    s3_bucket: str | None = None
+    s3_prefix: str = "fleet"
+    s3_region: str = "us-east-1"
+    s3_endpoint_env: EnvName | None = None
+    s3_access_key_env: EnvName | None = None
+    s3_secret_key_env: EnvName | None = None
+    s3_allow_http: bool = False  # only for an endpoint on a private network
+
+
 class StorageSection(Section):
     data_dir: str = ".fleet"
     database_url: str | None = None
     redis_url: str | None = None
+    blobs: BlobSection = msgspec.field(default_factory=BlobSection)
+    max_attachment_mb: Annotated[int, msgspec.Meta(ge=1, le=10_240)] = 50
+    max_artifact_mb: Annotated[int, msgspec.Meta(ge=1, le=10_240)] = 100
+    max_artifacts_per_run: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 20
+    max_attachments_per_turn: Annotated[int, msgspec.Meta(ge=0, le=20)] = 10
 
 
 class WorkerSection(Section):
@@ -176,6 +196,20 @@ class ResolvedLM(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int | None
 
 
+class ResolvedBlobs(msgspec.Struct, frozen=True, kw_only=True):
+    """The blob store with its env references resolved (secrets stay wrapped)."""
+
+    backend: Literal["local", "s3"]
+    local_dir: Path | None = None  # None: <data_dir>/blobs
+    s3_bucket: str | None = None
+    s3_prefix: str = ""
+    s3_region: str = ""
+    s3_endpoint: str | None = None
+    s3_access_key: Secret | None = None
+    s3_secret_key: Secret | None = None
+    s3_allow_http: bool = False
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a process needs: the selected profile plus the resolved environment."""
 
@@ -189,10 +223,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     redis_url: str
     data_dir: Path
     api_token: Secret | None
+    blobs: ResolvedBlobs
 
     @property
     def workspaces_dir(self) -> Path:
         return self.data_dir / "workspaces"
+
+    @property
+    def blobs_dir(self) -> Path:
+        """The local blob store's folder (backend = "local")."""
+        return self.blobs.local_dir or self.data_dir / "blobs"
 
     def __repr__(self) -> str:
         # URLs may carry passwords; never let a stray repr put them in a log.
@@ -237,6 +277,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             "(`fleet up` starts a private Redis; `fleet gateway`/`fleet worker` need one)"
         )
     token = env.get("FLEET_API_TOKEN")
+    key_prefix = f"profiles.{quote_key(profile_name)}"
     return Settings(
         profile_name=profile_name,
         config_path=path,
@@ -248,6 +289,33 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         redis_url=redis_url,
         data_dir=data_dir,
         api_token=Secret(token) if token else None,
+        blobs=resolve_blobs(profile.storage.blobs, f"{key_prefix}.storage.blobs", env),
+    )
+
+
+def resolve_blobs(section: BlobSection, key: str, env: Mapping[str, str]) -> ResolvedBlobs:
+    local_dir = Path(section.local_dir) if section.local_dir else None
+    if section.backend == "local":
+        return ResolvedBlobs(backend="local", local_dir=local_dir)
+    if not section.s3_bucket:
+        raise ConfigError(f"{key}.s3_bucket is required when backend = 's3'")
+    endpoint = access = secret = None
+    if section.s3_endpoint_env:
+        endpoint = require_env(env, section.s3_endpoint_env, f"{key}.s3_endpoint_env")
+    if section.s3_access_key_env:
+        access = Secret(require_env(env, section.s3_access_key_env, f"{key}.s3_access_key_env"))
+    if section.s3_secret_key_env:
+        secret = Secret(require_env(env, section.s3_secret_key_env, f"{key}.s3_secret_key_env"))
+    return ResolvedBlobs(
+        backend="s3",
+        local_dir=local_dir,
+        s3_bucket=section.s3_bucket,
+        s3_prefix=section.s3_prefix,
+        s3_region=section.s3_region,
+        s3_endpoint=endpoint,
+        s3_access_key=access,
+        s3_secret_key=secret,
+        s3_allow_http=section.s3_allow_http,
     )
 
 

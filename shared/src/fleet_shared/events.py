@@ -78,6 +78,24 @@ class Usage(Event, tag="usage"):
     observed_lm_usage: dict[str, LMUsage] = {}
 
 
+class AttachmentStaged(Event, tag="attachment.staged"):
+    """An uploaded file was copied into the workspace's `attachments/` for this Turn."""
+
+    attachment_id: str
+    filename: str
+    byte_size: int
+
+
+class ArtifactCreated(Event, tag="artifact.created"):
+    """A file the Run wrote under `artifacts/`, stored at settlement (before the terminal)."""
+
+    artifact_id: str
+    name: str
+    media_type: str
+    byte_size: int
+    checksum_sha256: str
+
+
 class Answer(Event, tag="answer"):
     part_id: str
     text: str
@@ -108,6 +126,8 @@ RunEvent = (
     | LMQueryFinished
     | Warning
     | Usage
+    | AttachmentStaged
+    | ArtifactCreated
     | Answer
     | RunCompleted
     | RunFailed

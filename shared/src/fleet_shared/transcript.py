@@ -6,6 +6,8 @@ from typing import Any, assert_never
 
 from fleet_shared.events import (
     Answer,
+    ArtifactCreated,
+    AttachmentStaged,
     CellOutput,
     CodeCell,
     IterationFinished,
@@ -35,6 +37,34 @@ def tombstone_parts(usage: Usage | None) -> list[Part]:
     return parts
 
 
+def attachment_part(attachment_id: str, filename: str, byte_size: int) -> Part:
+    """An attachment, on the user's Turn (what was sent) and the assistant's (what was staged)."""
+    data = {"attachment_id": attachment_id, "filename": filename, "byte_size": byte_size}
+    return {"type": "data-attachment", "data": data}
+
+
+def data_part(event: Usage | Warning | AttachmentStaged | ArtifactCreated) -> Part:
+    """The `data-*` part of an event: the same in the live stream and the committed Turn."""
+    match event:
+        case Usage():
+            return {"type": "data-usage", "data": {"usage": usage_payload(event)}}
+        case Warning(code=code, message=message):
+            return {"type": "data-warning", "data": {"message": message, "code": code}}
+        case AttachmentStaged():
+            return attachment_part(event.attachment_id, event.filename, event.byte_size)
+        case ArtifactCreated():
+            return {
+                "type": "data-artifact",
+                "data": {
+                    "artifact_id": event.artifact_id,
+                    "name": event.name,
+                    "media_type": event.media_type,
+                    "byte_size": event.byte_size,
+                    "checksum_sha256": event.checksum_sha256,
+                },
+            }
+
+
 def fold_parts(events: list[RunEvent]) -> list[Part]:
     """The parts of the assistant Turn, in stream order; tool parts carry their final state."""
     parts: list[Part] = []
@@ -57,10 +87,8 @@ def fold_parts(events: list[RunEvent]) -> list[Part]:
                 parts.append(tools[event.call_id])
             case LMQueryFinished():
                 settle_tool(tools.get(event.call_id), **lm_query_result(event))
-            case Usage():
-                parts.append({"type": "data-usage", "data": {"usage": usage_payload(event)}})
-            case Warning(code=code, message=message):
-                parts.append({"type": "data-warning", "data": {"message": message, "code": code}})
+            case Usage() | Warning() | AttachmentStaged() | ArtifactCreated():
+                parts.append(data_part(event))
             case Answer(text=text):
                 parts.append({"type": "text", "text": text, "state": "done"})
             case StatusChanged() | IterationFinished() | RunCompleted() | RunFailed() | RunCancelled():

@@ -366,7 +366,7 @@ class Harness:
         if self.stop_after is not None and isinstance(event, self.stop_after):
             self.stop.set()
 
-    def new_session(self) -> InMemorySession:
+    def interpreter_factory(self) -> InMemorySession:
         session = InMemorySession()
         self.sessions.append(session)
         return session
@@ -381,7 +381,7 @@ class Harness:
             sub_lm=build_lm(self.lm, "sub", self.cursor, self.stop),
             limits=ProgramLimits(max_iters=6, max_llm_calls=10, max_output_chars=10_000),
             observer=self.observer,
-            new_session=self.new_session,
+            interpreter_factory=self.interpreter_factory,
         )
 
 
@@ -416,7 +416,7 @@ def test_run_program_keeps_nothing_process_wide(tmp_path: Path) -> None:
         sub_lm=sub_lm,
         limits=ProgramLimits(max_iters=6, max_llm_calls=10, max_output_chars=10_000),
         observer=harness.observer,
-        new_session=harness.new_session,
+        interpreter_factory=harness.interpreter_factory,
     )
     assert len(dspy.settings.trace) == trace_before
     assert root_lm.history == [] and sub_lm.history == []

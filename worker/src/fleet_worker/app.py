@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -19,31 +17,35 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from fleet_shared import redis_keys
+from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.event_log import RunLog
 from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
 from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import RETRY_ON, connect, listener, retry_policy
+from fleet_shared.workspaces import relocated_root
 from fleet_worker.control import CancelListener
 from fleet_worker.sandbox.boundary import Caps
+from fleet_worker.sandbox.daytona import daytona_provider
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
-from fleet_worker.turn import WorkerDeps, prepare_workspace_root, run_turn
+from fleet_worker.sandbox.provider import SandboxProvider
+from fleet_worker.turn import WorkerDeps, run_turn
 
 log = structlog.get_logger(__name__)
 HEALTH_CHECK_INTERVAL_SECONDS = 5
-RELOCATED_WORKSPACES = Path("/var/lib/fleet")
 # arq's poll loop retries each Redis command this many times (about 4.5 s) before it gives up; the
 # CLI then starts the same loop again on the same worker (fleet_cli.main.serve_through_outages).
 QUEUE_RETRIES = 8
 SWEEP_INTERVAL_SECONDS = 0.5
 
 
-def sandbox_provider(settings: Settings) -> LocalSandboxProvider:
+def sandbox_provider(settings: Settings) -> SandboxProvider:
+    """The configured provider, checked: any problem stops the worker with one clear line."""
+    if settings.profile.sandbox.provider == "daytona":
+        return daytona_provider(settings)
     local = settings.profile.sandbox.local
-    if settings.profile.sandbox.provider != "local":
-        raise NotImplementedError("only the local sandbox provider is available in this build")
     provider = LocalSandboxProvider(
         LocalSandboxConfig(
             allow_unisolated=local.allow_unisolated,
@@ -68,19 +70,8 @@ def sandbox_provider(settings: Settings) -> LocalSandboxProvider:
         ),
     )
     provider.check()
+    provider.place_workspaces(settings.workspaces_dir, relocated_root(settings.workspaces_dir))
     return provider
-
-
-def workspaces_root(settings: Settings, sandboxes: LocalSandboxProvider) -> Path:
-    """`<data_dir>/workspaces`, unless a root worker's sandbox uid cannot get there (a checkout
-    under /root, say): then a stable folder under /var/lib/fleet, so Turns still work."""
-    preferred = prepare_workspace_root(settings.workspaces_dir)
-    if sandboxes.can_reach(preferred):
-        return preferred
-    digest = hashlib.sha256(str(preferred).encode()).hexdigest()[:16]
-    fallback = prepare_workspace_root(RELOCATED_WORKSPACES / digest / "workspaces")
-    log.warning("sandbox.workspaces_relocated", unreachable=str(preferred), using=str(fallback))
-    return fallback
 
 
 def queue_settings(settings: Settings) -> RedisSettings:
@@ -92,7 +83,6 @@ def queue_settings(settings: Settings) -> RedisSettings:
 
 def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
     sandboxes = sandbox_provider(settings)  # fails fast: no bwrap, no worker
-    workspaces = workspaces_root(settings, sandboxes)
     queue = settings.profile.worker.queue_name
     concurrency = settings.profile.worker.concurrency
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
@@ -111,7 +101,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             redis=redis,
             runlog=RunLog(redis),
             sandboxes=sandboxes,
-            workspaces=workspaces,
+            blobs=open_blob_store(settings),
             scripts={},
             programs=ThreadPoolExecutor(concurrency, thread_name_prefix="fleet-rlm"),
             sandbox_ops=ThreadPoolExecutor(concurrency + 2, thread_name_prefix="fleet-sandbox-ops"),

@@ -6,14 +6,22 @@ text, reach the RLM: a long session can never outgrow a prompt or the sandbox's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fleet_shared.db import queries
+from fleet_shared.db import files, queries
 
 CUT_MARK = "\n[... cut]"
+
+
+@dataclass(frozen=True)
+class AttachmentRef:
+    id: str
+    filename: str
+    media_type: str
+    byte_size: int
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,7 @@ class Conversation:
     request: str
     history: list[dict[str, str]]
     truncated: bool  # older Turns, or parts of them, were left out
+    attachments: list[AttachmentRef] = field(default_factory=list)  # sent with this Turn
 
 
 async def load_conversation(
@@ -36,6 +45,9 @@ async def load_conversation(
     first = max(0, user_sequence - 2 * max_turns - 2)
     async with sessions() as db:
         turns = await queries.list_turns(db, session_id, after_sequence=first, limit=user_sequence - first)
+        sent = next((t.parts for t in turns if t.sequence == user_sequence), [])
+        rows = await files.get_attachments(db, attachment_ids(sent))
+    attachments = [AttachmentRef(r.id, r.filename, r.media_type, r.byte_size) for r in rows]
     texts = {t.sequence: (t.role, t.status, text_of(t.parts)) for t in turns}
     request = texts[user_sequence][2]
     pairs = [
@@ -47,7 +59,7 @@ async def load_conversation(
     ]
     history, cut = bounded(pairs[-max_turns:] if max_turns else [], max_chars)
     earlier = first > 0 or len(pairs) > max_turns
-    return Conversation(request, history, truncated=cut or (earlier and bool(pairs)))
+    return Conversation(request, history, truncated=cut or (earlier and bool(pairs)), attachments=attachments)
 
 
 def bounded(pairs: list[dict[str, str]], max_chars: int) -> tuple[list[dict[str, str]], bool]:
@@ -75,3 +87,11 @@ def cut(text: str, limit: int) -> str:
 
 def text_of(parts: list[dict[str, Any]]) -> str:
     return "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
+
+
+def attachment_ids(parts: list[dict[str, Any]]) -> list[str]:
+    return [
+        str(p["data"]["attachment_id"])
+        for p in parts
+        if p.get("type") == "data-attachment" and isinstance(p.get("data"), dict)
+    ]

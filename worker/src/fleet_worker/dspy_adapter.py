@@ -33,7 +33,7 @@ from fleet_shared.events import (
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, completion_text, count_tokens
 from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
-from fleet_worker.sandbox.session import ReplSession
+from fleet_worker.sandbox.provider import Repl
 from fleet_worker.sandbox.workspace import HOST_PATHS
 
 LM_TOOLS = ("llm_query", "llm_query_batched", "rlm_query")
@@ -42,10 +42,18 @@ PROMPT_PREVIEW_CHARS = 4000
 
 class TurnSignature(dspy.Signature):
     """Answer the user's request. Use the REPL: plain Python first, then `llm_query`, then
-    `llm_query_batched`; verify what you computed, then call SUBMIT once."""
+    `llm_query_batched`; verify what you computed, then call SUBMIT once.
+
+    The REPL's working folder is /workspace, which belongs to this session and outlives the
+    Turn: `memory/` holds notes you left for later Turns (read it first, write what is worth
+    keeping), `skills/` holds skill cards, `attachments/` the files the user attached, and every
+    file you write under `artifacts/` is delivered to the user as a download."""
 
     request: str = dspy.InputField(desc="the user's message for this Turn")
     history: dspy.History = dspy.InputField(desc="earlier Turns of this session")
+    attachments: list[str] = dspy.InputField(
+        desc="files the user attached, staged under /workspace/attachments/"
+    )
     answer: str = dspy.OutputField(desc="the reply shown to the user")
 
 
@@ -253,7 +261,7 @@ class DspyCallbacks(BaseCallback):
 class SandboxInterpreter:
     """dspy's CodeInterpreter protocol over one sandbox REPL session."""
 
-    def __init__(self, session: ReplSession, observer: TurnObserver) -> None:
+    def __init__(self, session: Repl, observer: TurnObserver) -> None:
         self.session = session
         self.observer = observer
         self.tool_table: dict[str, Callable[..., Any]] = {}
@@ -330,11 +338,12 @@ def run_program(
     *,
     request: str,
     history: list[dict[str, str]],
+    attachments: list[str] | None = None,
     root_lm: dspy.LM,
     sub_lm: dspy.LM,
     limits: ProgramLimits,
     observer: TurnObserver,
-    new_session: Callable[[], ReplSession],
+    interpreter_factory: Callable[[], Repl],
 ) -> ProgramResult:
     """Run one fresh dspy.RLM to completion, synchronously (the caller puts it in a thread)."""
     program = dspy.RLM(
@@ -346,7 +355,7 @@ def run_program(
     )
 
     def factory() -> SandboxInterpreter:
-        return SandboxInterpreter(new_session(), observer)
+        return SandboxInterpreter(interpreter_factory(), observer)
 
     callbacks = [DspyCallbacks(observer, program)]
     # trace=[] and disable_history=True: DSPy would otherwise append every predictor call to the
@@ -360,6 +369,7 @@ def run_program(
         prediction = program(
             request=request,
             history=dspy.History(messages=history),
+            attachments=attachments or [],
             interpreter_factory=factory,
         )
     observer.finish_step()

@@ -21,7 +21,7 @@ from fleet_worker.lease import RunLease
 from fleet_worker.lm.script import Script, load_script
 from fleet_worker.outcome import Outcome
 from fleet_worker.publisher import EventSink
-from fleet_worker.sandbox.local import LocalSandboxLease
+from fleet_worker.sandbox.provider import SandboxLease
 
 CANCEL_GRACE_SECONDS = 1.0  # a cancelled program gets this long to stop before the Turn settles
 STOP_GRACE_SECONDS = 5.0
@@ -35,7 +35,7 @@ class ProgramRun:
     started: asyncio.Event
     stop: threading.Event
     observer: dspy_adapter.TurnObserver
-    sandbox: LocalSandboxLease
+    sandbox: SandboxLease
     started_at: float = field(default=0.0)
 
 
@@ -46,7 +46,8 @@ def start_program(
     scripts: dict[Path, Script],
     request: str,
     history: list[dict[str, str]],
-    sandbox: LocalSandboxLease,
+    attachments: list[str],
+    sandbox: SandboxLease,
     sink: EventSink,
 ) -> ProgramRun:
     loop = asyncio.get_running_loop()
@@ -67,11 +68,12 @@ def start_program(
         dspy_adapter.run_program,
         request=request,
         history=history,
+        attachments=attachments,
         root_lm=dspy_adapter.build_lm(settings.root_lm, "root", cursor, stop),
         sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", cursor, stop),
         limits=dspy_adapter.ProgramLimits(rlm.max_iters, rlm.max_llm_calls, rlm.max_output_chars),
         observer=observer,
-        new_session=sandbox.new_session,
+        interpreter_factory=sandbox.interpreter_factory,
     )
     run = ProgramRun(asyncio.Future(), started, stop, observer, sandbox)
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import functools
 import time
 from collections.abc import Coroutine
 from concurrent.futures import Executor
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import structlog
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from fleet_shared.blobs import BlobStore
 from fleet_shared.config import Settings
 from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Session
@@ -33,8 +34,15 @@ from fleet_worker.outcome import SHUTDOWN_OUTCOME, Outcome, failure_outcome, ter
 from fleet_worker.program import ProgramRun, start_program, wait_for_program, with_observations
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
-from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
+from fleet_worker.sandbox.provider import FileStamp, SandboxLease, SandboxProvider
 from fleet_worker.settlement import commit_with_retry
+from fleet_worker.workspace_io import (
+    ARTIFACTS,
+    ArtifactLimits,
+    collect_artifacts,
+    stage_attachments,
+    stamp_limit,
+)
 
 log = structlog.get_logger(__name__)
 SETTLE_GRACE_SECONDS = 60.0  # the commit may retry this long past the Turn's deadline
@@ -49,8 +57,8 @@ class WorkerDeps:
     sessions: async_sessionmaker[AsyncSession]
     redis: Redis
     runlog: RunLog
-    sandboxes: LocalSandboxProvider
-    workspaces: Path
+    sandboxes: SandboxProvider
+    blobs: BlobStore  # attachment and artifact bytes
     scripts: dict[Path, Script]
     programs: Executor  # RLM programs, one thread per concurrent Turn
     sandbox_ops: Executor  # acquire, interrupt, release: never queued behind a program
@@ -76,6 +84,8 @@ class Turn:
     lease: RunLease
     sink: EventSink
     program: ProgramRun | None = None
+    sandbox: SandboxLease | None = None
+    artifacts_before: dict[str, FileStamp] = field(default_factory=dict)  # what was there before
 
 
 async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
@@ -157,15 +167,21 @@ async def prepare_and_execute(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitSt
     try:
         if turn.lease.lost.is_set():
             raise LeaseLost("a sweep took the Run over before this worker could start it")
-        request, history, sandbox = await prepare(deps, turn, cleanup)
-        return await execute(deps, turn, request, history, sandbox)
+        prepared = await prepare(deps, turn, cleanup)
+        return await execute(deps, turn, prepared)
     except Exception as exc:
         return with_observations(failure_outcome(exc), turn.program)
 
 
-async def prepare(
-    deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack
-) -> tuple[str, list[dict[str, str]], LocalSandboxLease]:
+@dataclass(frozen=True)
+class Prepared:
+    request: str
+    history: list[dict[str, str]]
+    attachments: list[str]  # how the RLM is told about the staged files
+    sandbox: SandboxLease
+
+
+async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prepared:
     claim = turn.claim
     turn.sink.emit(StatusChanged(run_id=claim.run_id, phase="preparation"))
     rlm = deps.settings.profile.rlm
@@ -182,33 +198,28 @@ async def prepare(
             f"{rlm.max_history_chars} characters at most"
         )
         turn.sink.emit(Warning(run_id=claim.run_id, code="history_truncated", message=message))
-    workspace = deps.workspaces / claim.workspace_id
     loop = asyncio.get_running_loop()
     try:
         sandbox = await loop.run_in_executor(
-            deps.sandbox_ops, deps.sandboxes.acquire, workspace, claim.run_id
+            deps.sandbox_ops, deps.sandboxes.acquire, claim.workspace_id, claim.run_id
         )
     except SandboxUnavailable as exc:
         raise SandboxFailed(str(exc), code="sandbox_unavailable") from None
     except OSError as exc:  # e.g. a workspace a past Run left unusable; reported scrubbed
         raise SandboxError(f"the sandbox could not start: {exc}") from None
     cleanup.push_async_callback(release_shielded, deps, sandbox)
-    return conversation.request, conversation.history, sandbox
+    turn.sandbox = sandbox
+    described = await loop.run_in_executor(
+        deps.sandbox_ops, stage_attachments, deps.blobs, sandbox, conversation.attachments, turn.sink
+    )
+    limit = stamp_limit(deps.settings.profile.storage.max_artifacts_per_run)
+    turn.artifacts_before = await loop.run_in_executor(
+        deps.sandbox_ops, sandbox.files.stamps, ARTIFACTS, limit
+    )
+    return Prepared(conversation.request, conversation.history, described, sandbox)
 
 
-def prepare_workspace_root(root: Path) -> Path:
-    """`.fleet/` and `.fleet/workspaces/` searchable (not listable) by the sandbox's own uid."""
-    root = root.resolve()
-    for directory in (root.parent, root):
-        directory.mkdir(mode=0o711, parents=True, exist_ok=True)
-        if directory.stat().st_uid == os.geteuid():
-            directory.chmod(0o711)
-    return root
-
-
-async def execute(
-    deps: WorkerDeps, turn: Turn, request: str, history: list[dict[str, str]], sandbox: LocalSandboxLease
-) -> Outcome:
+async def execute(deps: WorkerDeps, turn: Turn, prepared: Prepared) -> Outcome:
     """Run the RLM on its thread until it answers, times out, loses its lease, or is cancelled."""
     if turn.lease.cancel_requested.is_set():
         raise TurnCancelled("the Turn was cancelled before it started")
@@ -218,9 +229,10 @@ async def execute(
         deps.programs,
         settings=settings,
         scripts=deps.scripts,
-        request=request,
-        history=history,
-        sandbox=sandbox,
+        request=prepared.request,
+        history=prepared.history,
+        attachments=prepared.attachments,
+        sandbox=prepared.sandbox,
         sink=turn.sink,
     )
     timeout = settings.profile.runtime.turn_timeout_seconds
@@ -243,6 +255,8 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
     if sink.broken and outcome.command is RunCommand.COMPLETE:
         message = f"the Turn's events could not be published ({sink.broken})"
         outcome = Outcome(RunCommand.FAIL, "failed", failure_code="sandbox_error", failure_message=message)
+    if outcome.command is not RunCommand.CANCEL:
+        outcome = await keep_artifacts(deps, turn, outcome)
     if outcome.answer is not None:
         sink.emit(
             Answer(run_id=claim.run_id, part_id="text-answer", text=capped_answer(deps, sink, outcome.answer))
@@ -278,6 +292,27 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
         return "fenced"
     await sink.finish(within=PUBLISH_TERMINAL_SECONDS)
     return settlement.turn_status
+
+
+async def keep_artifacts(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> Outcome:
+    """Store and announce what the Run wrote under artifacts/ (the commit records them). If the
+    blob store refuses, a completed Turn fails: its answer may refer to files it cannot have."""
+    if turn.sandbox is None or turn.lease.lost.is_set():
+        return outcome
+    storage = deps.settings.profile.storage
+    limits = ArtifactLimits(storage.max_artifacts_per_run, storage.max_artifact_mb * 2**20)
+    loop = asyncio.get_running_loop()
+    collect = functools.partial(
+        collect_artifacts, deps.blobs, turn.sandbox, turn.artifacts_before, limits, turn.sink
+    )
+    try:
+        await loop.run_in_executor(deps.sandbox_ops, collect)
+    except Exception as exc:
+        log.warning("turn.artifacts_failed", error_type=type(exc).__name__, error=str(exc))
+        if outcome.command is RunCommand.COMPLETE:
+            message = "the files the Turn wrote under artifacts/ could not be stored; send it again"
+            return Outcome(RunCommand.FAIL, "failed", failure_code="artifact_error", failure_message=message)
+    return outcome
 
 
 def commit_failed(settlement: runs.Settlement, terminal: RunEvent) -> runs.Settlement:
@@ -316,7 +351,7 @@ def settle_deadline(deps: WorkerDeps, turn: Turn) -> float:
     return max(deadline, time.monotonic() + SETTLE_GRACE_SECONDS)
 
 
-async def release_shielded(deps: WorkerDeps, sandbox: LocalSandboxLease) -> None:
+async def release_shielded(deps: WorkerDeps, sandbox: SandboxLease) -> None:
     """Release the sandbox even if the job is being cancelled."""
     loop = asyncio.get_running_loop()
     await asyncio.shield(loop.run_in_executor(deps.sandbox_ops, sandbox.release))

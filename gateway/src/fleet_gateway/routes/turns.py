@@ -18,8 +18,8 @@ from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
-from fleet_shared.db import queries
-from fleet_shared.db.models import Run
+from fleet_shared.db import files, queries
+from fleet_shared.db.models import Attachment, Run
 from fleet_shared.run_state import is_terminal
 
 log = structlog.get_logger(__name__)
@@ -37,13 +37,24 @@ def check_idempotency_key(key: str | None) -> str:
     return key
 
 
+async def check_attachments(db: AsyncSession, data: TurnRequest, limit: int) -> list[Attachment]:
+    """The Turn's attachments, each known, none twice: checked before the stream opens."""
+    ids = [str(i) for i in data.attachment_ids]
+    if len(ids) > limit:
+        raise ApiError(422, "validation_error", f"attachment_ids: at most {limit} per Turn")
+    if len(set(ids)) != len(ids):
+        raise ApiError(422, "validation_error", "attachment_ids: an attachment is listed twice")
+    found = await files.get_attachments(db, ids)
+    known = {a.id for a in found}
+    for attachment_id in ids:
+        if attachment_id not in known:
+            raise ApiError(422, "validation_error", f"attachment_ids: unknown attachment {attachment_id}")
+    return found
+
+
 def check_request(data: TurnRequest, max_text_chars: int) -> None:
     if len(data.text) > max_text_chars:
         raise ApiError(422, "validation_error", f"text: at most {max_text_chars} characters")
-    if data.attachment_ids:
-        raise ApiError(
-            422, "validation_error", f"attachment_ids: unknown attachment {data.attachment_ids[0]}"
-        )
     if data.skill_selections:
         raise ApiError(
             422,
@@ -68,6 +79,8 @@ class TurnController(Controller):
         check_request(data, gw.settings.profile.gateway.limits.max_text_chars)
         # Plain strings from here on: a lost race rolls the DB session back, expiring ORM objects.
         session_id = (await load_session(db, session_id)).id
+        limit = gw.settings.profile.storage.max_attachments_per_turn
+        attachments = await check_attachments(db, data, limit)
         outcome = await queries.claim_turn(
             db,
             session_id=session_id,
@@ -75,6 +88,7 @@ class TurnController(Controller):
             fingerprint=hashlib.sha256(data.fingerprint_bytes()).hexdigest(),
             text=data.text,
             model=gw.settings.root_lm.name,
+            attachments=attachments,
         )
         if isinstance(outcome, queries.ClaimRefused):
             raise refusal(outcome)

@@ -11,13 +11,14 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from fleet_shared.db.models import Run, RunEventRow, Session, Turn, Workspace
+from fleet_shared.db.models import Attachment, Run, RunEventRow, Session, Turn, Workspace
 from fleet_shared.events import (
     RunEvent,
     decode_event,
 )
 from fleet_shared.ids import new_id
 from fleet_shared.run_state import ACTIVE_STATUSES, RunStatus
+from fleet_shared.transcript import attachment_part
 
 
 def now() -> datetime:
@@ -96,8 +97,10 @@ async def claim_turn(
     fingerprint: str,
     text: str,
     model: str,
+    attachments: Sequence[Attachment] = (),
 ) -> Claimed | ClaimRefused:
-    """In one transaction: honour the key, insert the queued Run and the user Turn."""
+    """In one transaction: honour the key, insert the queued Run and the user Turn (its text,
+    then one `data-attachment` part per attachment: the worker stages them from there)."""
     outcome = await existing_outcome(db, session_id, idempotency_key, fingerprint)
     if outcome is not None:
         return outcome
@@ -124,7 +127,10 @@ async def claim_turn(
             run_id=run.id,
             sequence=user_sequence,
             role="user",
-            parts=[{"type": "text", "text": text}],
+            parts=[
+                {"type": "text", "text": text},
+                *(attachment_part(a.id, a.filename, a.byte_size) for a in attachments),
+            ],
             status="completed",
             created_at=stamp,
         )

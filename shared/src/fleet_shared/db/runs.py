@@ -14,9 +14,9 @@ import msgspec
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from fleet_shared.db.models import Run, RunEventRow, Turn
+from fleet_shared.db.models import Artifact, Run, RunEventRow, Turn
 from fleet_shared.db.queries import get_run, now
-from fleet_shared.events import RunCancelled, RunEvent, RunFailed, encode_event, event_type
+from fleet_shared.events import ArtifactCreated, RunCancelled, RunEvent, RunFailed, encode_event, event_type
 from fleet_shared.ids import new_id
 from fleet_shared.run_state import ACTIVE_STATUSES, Decision, RunCommand, RunStatus, decide, decide_ending
 from fleet_shared.transcript import tombstone_parts
@@ -154,7 +154,7 @@ class Settlement(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
-    """The Run's ending, its assistant Turn and its events, in one transaction fenced by attempt
+    """The Run's ending, assistant Turn, events and artifacts, in one transaction fenced by attempt
     and status: a late writer (an older attempt) changes nothing."""
     moved = await apply_decision(
         db,
@@ -184,6 +184,24 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
             created_at=now(),
         )
     )
+    artifacts = [e for e in s.events if isinstance(e, ArtifactCreated)]
+    if artifacts:  # their bytes are already in the blob store; these rows make them visible
+        await db.execute(
+            insert(Artifact),
+            [
+                {
+                    "id": e.artifact_id,
+                    "run_id": s.run_id,
+                    "session_id": s.session_id,
+                    "name": e.name,
+                    "media_type": e.media_type,
+                    "byte_size": e.byte_size,
+                    "checksum_sha256": e.checksum_sha256,
+                    "created_at": now(),
+                }
+                for e in artifacts
+            ],
+        )
     if s.events:
         await db.execute(
             insert(RunEventRow),

@@ -33,6 +33,7 @@ from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.sandbox.syscalls import build_filter
 from fleet_worker.sandbox.workspace import (
     HOST_PATHS,
+    LocalWorkspaceFiles,
     WorkspaceBudget,
     prepare_layout,
     sanitize,
@@ -41,6 +42,16 @@ from fleet_worker.sandbox.workspace import (
 
 log = structlog.get_logger(__name__)
 PROBE_RUN = "probe"
+
+
+def prepare_workspace_root(root: Path) -> Path:
+    """The folder of workspaces (and its parent) searchable, not listable, by sandbox uids."""
+    root = root.resolve()
+    for directory in (root.parent, root):
+        directory.mkdir(mode=0o711, parents=True, exist_ok=True)
+        if directory.stat().st_uid == os.geteuid():
+            directory.chmod(0o711)
+    return root
 
 
 def stage_driver() -> Path:
@@ -76,11 +87,12 @@ class LocalSandboxLease:
         self._caps = caps
         self._pool = pool
         self._warm = pool.take(workspace) if pool is not None else None
+        self.files = LocalWorkspaceFiles(workspace, launch.run_as)
         self._sessions: list[ReplSession] = []
         self._released = False
         self._lock = threading.Lock()
 
-    def new_session(self) -> ReplSession:
+    def interpreter_factory(self) -> ReplSession:
         """A fresh REPL (started lazily by its first execute, or by start())."""
         with self._lock:
             if self._released:
@@ -107,6 +119,11 @@ class LocalSandboxLease:
             sessions = list(self._sessions)
         for session in sessions:
             session.interrupt()
+
+    def retire(self) -> None:
+        """As release, without a warm REPL for the workspace's next Run."""
+        self._pool = None
+        self.release()
 
     def release(self) -> None:
         """Shut down every session this lease created; idempotent and never raises."""
@@ -162,8 +179,11 @@ class LocalSandboxProvider:
         *,
         caps: Caps,
         search_path: str | None = None,
+        workspaces: Path | None = None,
     ) -> None:
-        """`search_path` is the PATH used to find bwrap (default: this process's PATH)."""
+        """`search_path` is the PATH used to find bwrap (default: this process's PATH);
+        `workspaces` the folder that holds one folder per workspace (see place_workspaces)."""
+        self.workspaces = workspaces
         self._cfg = cfg
         self._caps = caps
         self._search_path = search_path
@@ -198,11 +218,23 @@ class LocalSandboxProvider:
         uid = self.sandbox_uid(root / "probe")
         return uid is None or unreachable_ancestor(root / "probe", uid) is None
 
-    def acquire(self, workspace: Path, run_id: str) -> LocalSandboxLease:
-        """Prepare `workspace` (memory/ skills/ attachments/ artifacts/) and lease it to a run."""
+    def place_workspaces(self, preferred: Path, relocated: Path) -> Path:
+        """Keep workspaces under `preferred`, unless a root worker's sandbox uid cannot get
+        there (a checkout under /root, say): then under `relocated`, so Turns still work."""
+        root = prepare_workspace_root(preferred)
+        if not self.can_reach(root):
+            log.warning("sandbox.workspaces_relocated", unreachable=str(root), using=str(relocated))
+            root = prepare_workspace_root(relocated)
+        self.workspaces = root
+        return root
+
+    def acquire(self, workspace_id: str, run_id: str) -> LocalSandboxLease:
+        """Prepare the workspace (memory/ skills/ attachments/ artifacts/), lease it to a run."""
+        if self.workspaces is None or not workspace_id or "/" in workspace_id or workspace_id in (".", ".."):
+            raise SandboxError("the workspace cannot be placed (no workspaces folder, or a bad id)")
         self.check()
         assert self._isolation is not None
-        return self._lease(Path(workspace), run_id, self._isolation)
+        return self._lease(self.workspaces / workspace_id, run_id, self._isolation)
 
     def _settle(self) -> Isolation:
         python = resolve_python(self._cfg)
@@ -251,7 +283,7 @@ class LocalSandboxProvider:
         lease: LocalSandboxLease | None = None
         try:
             lease = self._lease(workspace, PROBE_RUN, isolation)
-            lease.new_session().start()
+            lease.interpreter_factory().start()
         except SandboxError as exc:
             return str(exc)
         finally:

@@ -367,10 +367,11 @@ class Supervisor:
                     }
                 )
             elif op == "result" and message.get("id") == request_id:
-                kill_leftovers(keep=self.child_pid)
                 # Threads the cell left running wait, stopped, for the next cell: between cells
-                # nothing of the sandbox runs, writes to the workspace or prints.
+                # nothing of the sandbox runs, writes to the workspace or prints. Stopped first,
+                # so that no thread of it starts a process while the leftovers are killed.
                 signal_child(self.child_pid, signal.SIGSTOP)
+                kill_leftovers(keep=self.child_pid)
                 self.host.send(result_of(message, request_id))
                 return
             else:
@@ -453,16 +454,26 @@ def process_state(pid: int) -> str:
         return "?"
 
 
+KILL_PASSES = 100
+
+
 def kill_leftovers(keep: int) -> None:
     """SIGKILL every descendant of the supervisor but the interpreter `keep`: what a cell started
     in the background never outlives the cell. The supervisor is a child subreaper, so even a
-    double-forked daemon stays its descendant."""
-    for pid in descendants(os.getpid()) - {keep}:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+    double-forked daemon stays its descendant. Passes repeat until none is left alive: a process
+    that forked between a scan and its kill leaves a child the next pass finds."""
+    for _ in range(KILL_PASSES):
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        alive = {
+            pid for pid in descendants(os.getpid()) - {keep} if process_state(pid) not in ("Z", "X", "?")
+        }
+        if not alive:
+            return
+        for pid in alive:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def descendants(root: int) -> set[int]:

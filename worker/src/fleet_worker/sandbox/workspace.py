@@ -10,77 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
+
+from fleet_shared.confined import DIR_FLAGS, Unwalkable, opened_dir, opened_inside, parts_of, walk
+from fleet_worker.sandbox.provider import FileStamp, Writable
 
 WORKSPACE_DIRS = ("memory", "skills", "attachments", "artifacts")
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID
-# O_NONBLOCK: a FIFO swapped in for a directory fails to open instead of blocking the host.
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-MAX_DEPTH = 64  # deeper folders are neither walked nor counted (and make the budget refuse)
-
-
-class Unwalkable(Exception):
-    """Part of the workspace cannot be looked into (unreadable, or nested past MAX_DEPTH)."""
-
-
-def walk(root: Path, *, strict: bool = False) -> Iterator[tuple[int, str, os.stat_result]]:
-    """Every entry under `root` as (parent dir fd, name, lstat), depth first.
-
-    Iterative (a deep tree cannot exhaust the stack), holding one fd per level. Each directory is
-    opened relative to its parent with O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK: a directory swapped for
-    a symlink or a FIFO while the host walks fails to open, and is skipped, never followed.
-    `strict` raises Unwalkable for what cannot be looked into instead of skipping it."""
-    top = os.open(root, DIR_FLAGS)
-    try:
-        stack: list[tuple[int, Iterator[str]]] = [(top, iter(os.listdir(top)))]
-    except OSError:
-        os.close(top)
-        raise
-    try:
-        while stack:
-            fd, names = stack[-1]
-            name = next(names, None)
-            if name is None:
-                os.close(stack.pop()[0])
-                continue
-            try:
-                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            yield fd, name, info
-            if not stat.S_ISDIR(info.st_mode):
-                continue
-            if len(stack) > MAX_DEPTH:
-                if strict:
-                    raise Unwalkable(f"folders nested deeper than {MAX_DEPTH} levels")
-                continue
-            try:
-                child = os.open(name, DIR_FLAGS, dir_fd=fd)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            except OSError as exc:  # EACCES, ELOOP (swapped for a link), ENXIO
-                if strict:
-                    raise Unwalkable(f"a folder cannot be read ({os.strerror(exc.errno or 0)})") from None
-                continue
-            try:
-                stack.append((child, iter(os.listdir(child))))
-            except OSError:
-                os.close(child)
-                if strict:
-                    raise Unwalkable("a folder cannot be listed") from None
-    finally:
-        for fd, _names in stack:
-            os.close(fd)
-
-
-@contextlib.contextmanager
-def opened_dir(path: Path | str, *, dir_fd: int | None = None) -> Iterator[int]:
-    fd = os.open(path, DIR_FLAGS, dir_fd=dir_fd)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def prepare_layout(workspace: Path) -> None:
@@ -115,7 +51,7 @@ def sanitize(workspace: Path, owner: int | None) -> None:
     chown (the jail cannot link across mounts, but the host never relies on that)."""
     if owner is not None:
         os.chown(workspace, owner, owner, follow_symlinks=False)
-    for dir_fd, name, info in walk(workspace):
+    for dir_fd, name, info, _path in walk(workspace):
         with contextlib.suppress(FileNotFoundError):  # the sandbox may still be changing it
             sanitize_entry(dir_fd, name, info, owner)
 
@@ -187,7 +123,7 @@ class WorkspaceBudget:
     def usage(self) -> tuple[int, int]:
         """Bytes allocated (st_blocks: a sparse file counts for what it takes) and entries."""
         total = files = 0
-        for _fd, _name, info in walk(self.workspace, strict=True):
+        for _fd, _name, info, _path in walk(self.workspace, strict=True):
             total += info.st_blocks * 512
             files += 1
         return total, files
@@ -208,3 +144,68 @@ class WorkspaceBudget:
         if files > self.allowed[1]:
             return f"the workspace grew past {self.limit_files} files (sandbox.local.workspace_files)"
         return None
+
+
+COPY_CHUNK = 1 << 20
+
+
+class LocalWorkspaceFiles:
+    """The host's way into a workspace on this machine (see provider.WorkspaceFiles): every
+    step goes through directory fds, no link is followed, and only regular files are read."""
+
+    def __init__(self, workspace: Path, owner: int | None) -> None:
+        self.workspace = workspace
+        self.owner = owner  # the sandbox's uid on a root worker: staged files become its own
+
+    def put(self, relative: str, source: Path) -> None:
+        *folders, name = parts_of(relative)
+        fd = os.open(self.workspace, DIR_FLAGS)
+        try:
+            for folder in folders:
+                ensure_dir(fd, folder)
+                child = os.open(folder, DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            with contextlib.suppress(FileNotFoundError):
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    raise IsADirectoryError(relative)
+                os.unlink(name, dir_fd=fd)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            out = os.open(name, flags, 0o644, dir_fd=fd)
+            with os.fdopen(out, "wb") as target, source.open("rb") as origin:
+                while chunk := origin.read(COPY_CHUNK):
+                    target.write(chunk)
+                if self.owner is not None:
+                    os.fchown(target.fileno(), self.owner, self.owner)
+        finally:
+            os.close(fd)
+
+    def stamps(self, folder: str, limit: int) -> dict[str, FileStamp]:
+        found: dict[str, FileStamp] = {}
+        try:
+            with opened_inside(self.workspace, parts_of(folder)) as (fd, info):
+                if not stat.S_ISDIR(info.st_mode):
+                    return found
+                for _parent, _name, entry, path in walk(fd):
+                    if stat.S_ISREG(entry.st_mode):
+                        found[path] = FileStamp(entry.st_size, entry.st_mtime_ns)
+                        if len(found) >= limit:
+                            break
+        except FileNotFoundError:
+            pass
+        return found
+
+    def export(self, relative: str, sink: Writable, max_bytes: int) -> int:
+        with opened_inside(self.workspace, parts_of(relative)) as (fd, info):
+            if not stat.S_ISREG(info.st_mode):
+                raise FileNotFoundError(relative)
+            if info.st_size > max_bytes:
+                raise ValueError(f"{relative} is {info.st_size} bytes, more than {max_bytes}")
+            total = 0
+            while chunk := os.read(fd, COPY_CHUNK):
+                total += len(chunk)
+                if total > max_bytes:  # it grew while we read
+                    raise ValueError(f"{relative} is more than {max_bytes} bytes")
+                sink.write(chunk)
+            return total

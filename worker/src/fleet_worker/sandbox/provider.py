@@ -1,0 +1,112 @@
+"""What a Turn needs from a sandbox, whoever provides it: the only sandbox types `turn.py` knows.
+
+A `SandboxProvider` leases a session's workspace to one Run (`acquire`). The lease hands out
+fresh REPLs (`interpreter_factory`, wrapped by the dspy adapter into dspy's CodeInterpreter),
+kills a running cell (`interrupt`), moves files between the host and the workspace (`files`),
+and is given back at the end (`release`, or `retire` when it must not be reused).
+
+Two providers implement it: `local` (bubblewrap on this machine, `sandbox/local.py`) and
+`daytona` (one Daytona sandbox per session, `sandbox/daytona/`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from fleet_worker.sandbox.boundary import CellResult
+
+
+class Repl(Protocol):
+    """One persistent REPL: cells share state until it is killed (timeout, crash, interrupt)."""
+
+    def start(self) -> None: ...
+
+    def execute(
+        self,
+        code: str,
+        variables: Mapping[str, Any],
+        tools: Mapping[str, Callable[..., Any]],
+        output_fields: Sequence[str] | None,
+    ) -> CellResult: ...
+
+    def interrupt(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """Enough to tell whether a workspace file changed during a Run."""
+
+    size: int
+    mtime_ns: int
+
+
+class Writable(Protocol):
+    def write(self, data: bytes, /) -> int: ...
+
+
+class WorkspaceFiles(Protocol):
+    """The host's way into a leased workspace. Paths are relative to the workspace root; no
+    symlink inside the workspace is ever followed, and only regular files are read."""
+
+    def put(self, relative: str, source: Path) -> None:
+        """Copy a host file into the workspace (replacing whatever is there), readable inside."""
+        ...
+
+    def stamps(self, folder: str, limit: int) -> dict[str, FileStamp]:
+        """Regular files under `folder` (relative names, at most `limit` of them)."""
+        ...
+
+    def export(self, relative: str, sink: Writable, max_bytes: int) -> int:
+        """Copy one regular file out into `sink`; its size. ValueError past `max_bytes`,
+        FileNotFoundError when it is gone or is not a regular file."""
+        ...
+
+
+class SandboxLease(Protocol):
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def files(self) -> WorkspaceFiles:
+        """The leased workspace's files, seen from the host."""
+        ...
+
+    def interpreter_factory(self) -> Repl:
+        """A fresh REPL for this Run (each dspy interpreter gets its own)."""
+        ...
+
+    def interrupt(self) -> None:
+        """Kill whatever cell is running in this lease's REPLs (a stop or a timeout)."""
+        ...
+
+    def release(self) -> None:
+        """Shut every REPL down and give the workspace back; idempotent, never raises."""
+        ...
+
+    def retire(self) -> None:
+        """As release, and never reuse what backed this lease (it misbehaved)."""
+        ...
+
+
+class SandboxProvider(Protocol):
+    @property
+    def mode(self) -> str:
+        """One line for the startup log and /ready: what this worker's sandboxes are."""
+        ...
+
+    def check(self) -> None:
+        """Fail (SandboxUnavailable) unless sandboxes can be made as configured."""
+        ...
+
+    def acquire(self, workspace_id: str, run_id: str) -> SandboxLease:
+        """Lease the workspace `workspace_id` (its layout prepared) to the Run `run_id`."""
+        ...
+
+    def close(self) -> None:
+        """The worker is stopping: free whatever is kept warm."""
+        ...
