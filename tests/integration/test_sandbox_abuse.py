@@ -245,3 +245,15 @@ def test_lone_surrogates_in_output_do_not_break_anything(session: ReplSession) -
     assert result.error is None
     result.stdout.encode("utf-8")  # valid UTF-8, whatever the cell wrote
     assert result.stdout.startswith("a\\ud800b\n")
+
+
+def test_growth_after_a_quiet_cell_is_still_measured(open_session: Callable[..., ReplSession]) -> None:
+    """A cell's end skips the walk only when the filesystem has not changed since the last one:
+    quiet cells in between do not hide a cell that grows the workspace."""
+    session = open_session(workspace_mb=5)
+    for _ in range(3):
+        assert run(session, "x = 1").error is None
+    grown = run(session, "open('/workspace/artifacts/big', 'wb').write(b'x' * 8 * 2**20)")
+    assert grown.error is not None and grown.error.type == "WorkspaceOverBudget"
+    assert "sandbox.local.workspace_mb" in grown.error.message
+    assert run(session, "import os\nos.remove('/workspace/artifacts/big')").error is None

@@ -45,7 +45,6 @@ log = structlog.get_logger(__name__)
 
 RESERVED_NAMES = frozenset({"SUBMIT", "__builtins__"})
 SHUTDOWN_GRACE_SECONDS = 2.0
-BUDGET_EVERY_SECONDS = 1.0
 
 
 def tool_params(tool: Callable[..., Any]) -> list[str]:
@@ -178,7 +177,7 @@ class ReplSession:
 
     def _checked(self, result: CellResult) -> CellResult:
         """A cell that ended with the workspace over its budget: told so (its files stay)."""
-        if self._budget is None or result.final is not None:
+        if self._budget is None or result.final is not None or self._budget.unchanged():
             return result
         overrun = self._budget.overrun()
         if overrun is None or result.error is not None:
@@ -290,16 +289,12 @@ class ReplSession:
         budget = self._budget
         if budget is not None:
             budget.begin_cell()
-        last_measured = time.monotonic()
 
         def watch() -> None:  # about once a second while the cell runs, and after tool calls
-            nonlocal last_measured
             if repl.supervisor is not None and process_state(repl.supervisor) in ("T", "t", "Z", "?"):
                 raise SandboxStopped("the REPL's supervisor was stopped or is gone")
-            if budget is not None and time.monotonic() - last_measured >= BUDGET_EVERY_SECONDS:
-                last_measured = time.monotonic()
-                if (overrun := budget.overrun()) is not None:
-                    raise SandboxStopped(f"{overrun}; delete files to make room")
+            if budget is not None and budget.due_in_cell() and (overrun := budget.overrun()) is not None:
+                raise SandboxStopped(f"{overrun}; delete files to make room")
 
         write_all(to_repl, request, deadline)
         while True:
