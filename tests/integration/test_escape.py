@@ -196,6 +196,7 @@ async def test_an_oversized_answer_is_refused_and_the_rlm_can_retry(harness_fact
             "code": "SUBMIT(answer='z' * (50 * 2**20)) if request == 'attack' else None",
         },
         {"lm": "root", "reasoning": "small", "code": "SUBMIT(answer='short')"},
+        local={"cell_timeout_seconds": 30},  # 50 MiB crossing the jail is slow on a loaded machine
     )
     run_id = await harness.submit("attack")
     await harness.work()

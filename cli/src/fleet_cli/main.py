@@ -1,4 +1,4 @@
-"""`fleet`: the process commands (up, gateway, worker, db). Each loads the config once."""
+"""`fleet`: the process commands (up, gateway, worker, db, daytona, doctor). Each loads the config once."""
 
 from __future__ import annotations
 
@@ -49,6 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, help="Turns at once (default: worker.concurrency)")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
 
+    daytona = commands.add_parser("daytona", help="Daytona sandboxes (sandbox.provider = daytona)")
+    daytona_commands = daytona.add_subparsers(dest="daytona_command", required=True)
+    daytona_commands.add_parser("snapshot", help="build the REPL's snapshot (sandbox.daytona.snapshot)")
+    daytona_commands.add_parser("sweep", help="delete the sandboxes of idle sessions now")
+
+    doctor = commands.add_parser("doctor", help="live checks of what this profile depends on")
+    doctor_commands = doctor.add_subparsers(dest="doctor_command", required=True)
+    doctor_commands.add_parser("daytona", help="create a disposable sandbox, run a cell, delete it")
+
     db = commands.add_parser("db", help="database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     db_commands.add_parser("upgrade", help="migrate the database to head")
@@ -77,6 +86,10 @@ def dispatch(args: argparse.Namespace) -> int:
         return run_gateway(args.host, args.port, args.workers, args.allow_non_loopback_bind)
     if args.command == "worker":
         return run_worker(args.concurrency, args.burst)
+    if args.command in ("daytona", "doctor"):
+        from fleet_cli.daytona import run_daytona
+
+        return run_daytona(args.daytona_command if args.command == "daytona" else "doctor")
     return run_db(args.db_command)
 
 

@@ -79,10 +79,19 @@ class LocalSandboxSection(Section):
 
 
 class DaytonaSection(Section):
+    """One Daytona sandbox per session (see docs/daytona.md). Secrets are env var names only."""
+
     api_key_env: EnvName = "FLEET_DAYTONA_API_KEY"
     api_url_env: EnvName | None = None
     target: str | None = None
-    snapshot: str | None = None
+    snapshot: str = "fleet-repl"  # `fleet daytona snapshot` builds it
+    volume: str = "fleet-workspaces"  # one per deployment; each session mounts its own subpath
+    deployment: str = "fleet"  # the `fleet.deployment` label: what the sweep may delete
+    cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
+    startup_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
+    create_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
+    auto_stop_minutes: Annotated[int, msgspec.Meta(ge=0)] = 15
+    idle_minutes: Annotated[float, msgspec.Meta(gt=0)] = 30  # then the sweep deletes the sandbox
 
 
 class SandboxSection(Section):

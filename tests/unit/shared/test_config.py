@@ -256,10 +256,10 @@ def test_missing_profile_names_it_and_lists_known(
     assert "known: other, p" in message
 
 
-def test_shipped_file_missing_profile_lists_both(tmp_path: Path) -> None:
+def test_shipped_file_missing_profile_lists_them_all(tmp_path: Path) -> None:
     message = config_error(shipped_env(FLEET_PROFILE="staging"))
     assert "'staging'" in message
-    assert "known: local, offline" in message
+    assert "known: daytona, daytona-recursive, local, offline" in message
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,6 @@ from fleet_shared.redis_conn import RETRY_ON, connect, listener, retry_policy
 from fleet_shared.workspaces import relocated_root
 from fleet_worker.control import CancelListener
 from fleet_worker.sandbox.boundary import Caps
-from fleet_worker.sandbox.daytona import daytona_provider
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.provider import SandboxProvider
@@ -39,11 +38,14 @@ HEALTH_CHECK_INTERVAL_SECONDS = 5
 # CLI then starts the same loop again on the same worker (fleet_cli.main.serve_through_outages).
 QUEUE_RETRIES = 8
 SWEEP_INTERVAL_SECONDS = 0.5
+DAYTONA_SWEEP_SECONDS = 60.0
 
 
 def sandbox_provider(settings: Settings) -> SandboxProvider:
     """The configured provider, checked: any problem stops the worker with one clear line."""
     if settings.profile.sandbox.provider == "daytona":
+        from fleet_worker.sandbox.daytona import daytona_provider  # the SDK only when it is used
+
         return daytona_provider(settings)
     local = settings.profile.sandbox.local
     provider = LocalSandboxProvider(
@@ -114,12 +116,14 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             ctx["sweeper"] = asyncio.create_task(
                 sweeper.run_forever(SWEEP_INTERVAL_SECONDS), name="fleet-sweep"
             )
+            if settings.profile.sandbox.provider == "daytona":
+                ctx["daytona_sweep"] = asyncio.create_task(sweep_daytona(deps), name="fleet-daytona-sweep")
         log.info("worker.started", queue=queue, concurrency=concurrency, sandbox=sandboxes.mode)
 
     async def shutdown(ctx: dict[str, Any]) -> None:
         if ctx.get("closed"):
             return
-        for name in ("sweeper", "announce"):
+        for name in ("sweeper", "announce", "daytona_sweep"):
             task: asyncio.Task[None] | None = ctx.get(name)
             if task is not None:
                 task.cancel()
@@ -158,6 +162,16 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         burst=burst,
         handle_signals=not burst,
     )
+
+
+async def sweep_daytona(deps: WorkerDeps) -> None:
+    """Delete the deployment's Daytona sandboxes whose sessions went idle (every worker does it;
+    deleting one twice is harmless)."""
+    from fleet_worker.sandbox.daytona import DaytonaSandboxProvider
+    from fleet_worker.sandbox.daytona.ops import sweep_forever
+
+    assert isinstance(deps.sandboxes, DaytonaSandboxProvider)
+    await sweep_forever(deps.sandboxes, deps.sessions, DAYTONA_SWEEP_SECONDS)
 
 
 async def announce_sandbox(redis: Redis, worker_id: str, mode: str) -> None:

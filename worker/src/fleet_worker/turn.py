@@ -201,7 +201,7 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
     loop = asyncio.get_running_loop()
     try:
         sandbox = await loop.run_in_executor(
-            deps.sandbox_ops, deps.sandboxes.acquire, claim.workspace_id, claim.run_id
+            deps.sandbox_ops, deps.sandboxes.acquire, claim.workspace_id, claim.run_id, claim.session_id
         )
     except SandboxUnavailable as exc:
         raise SandboxFailed(str(exc), code="sandbox_unavailable") from None

@@ -228,7 +228,7 @@ class LocalSandboxProvider:
         self.workspaces = root
         return root
 
-    def acquire(self, workspace_id: str, run_id: str) -> LocalSandboxLease:
+    def acquire(self, workspace_id: str, run_id: str, session_id: str = "") -> LocalSandboxLease:
         """Prepare the workspace (memory/ skills/ attachments/ artifacts/), lease it to a run."""
         if self.workspaces is None or not workspace_id or "/" in workspace_id or workspace_id in (".", ".."):
             raise SandboxError("the workspace cannot be placed (no workspaces folder, or a bad id)")

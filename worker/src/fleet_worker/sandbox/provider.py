@@ -103,8 +103,9 @@ class SandboxProvider(Protocol):
         """Fail (SandboxUnavailable) unless sandboxes can be made as configured."""
         ...
 
-    def acquire(self, workspace_id: str, run_id: str) -> SandboxLease:
-        """Lease the workspace `workspace_id` (its layout prepared) to the Run `run_id`."""
+    def acquire(self, workspace_id: str, run_id: str, session_id: str = "") -> SandboxLease:
+        """Lease the workspace `workspace_id` (its layout prepared) to the Run `run_id` of the
+        session `session_id` (providers that keep a sandbox per session label it so)."""
         ...
 
     def close(self) -> None:
