@@ -83,10 +83,19 @@ def test_a_lease_creates_the_session_sandbox_and_runs_cells_over_the_frame_proto
     assert API_KEY not in repr(provider.access)
 
 
+def running(fake: FakeDaytona, sandbox_id: str) -> int:
+    """Session commands still running in a fake sandbox."""
+    sessions = fake.sandboxes[sandbox_id].sessions.values()
+    return sum(1 for commands in sessions for c in commands.values() if c.process.returncode is None)
+
+
 def test_interrupt_and_timeout_kill_the_cell_and_a_fresh_repl_follows(
-    provider: DaytonaSandboxProvider,
+    fake: FakeDaytona, provider: DaytonaSandboxProvider
 ) -> None:
+    """The relay of a killed cell cannot end its remote command, so the lease does at once:
+    nothing keeps spinning in the sandbox, and the next REPL opens a session of its own."""
     lease = provider.acquire("ws-b", "run-b1", "session-b")
+    sandbox_id = lease.sandbox.id
     try:
         repl = lease.interpreter_factory()
         repl.execute("state = 1", {}, {}, None)
@@ -95,13 +104,17 @@ def test_interrupt_and_timeout_kill_the_cell_and_a_fresh_repl_follows(
         with pytest.raises(CellInterrupted):
             repl.execute("while True:\n    pass", {}, {}, None)
         timer.join()
+        assert running(fake, sandbox_id) == 0
         lost = repl.execute("print('state' in globals())", {}, {}, None)
         assert lost.stdout == "False\n"
         with pytest.raises(CellTimeout):
             repl.execute("import time\ntime.sleep(60)", {}, {}, None)
         assert repl.execute("print('alive')", {}, {}, None).stdout == "alive\n"
+        assert running(fake, sandbox_id) == 1  # only the live REPL's command
+        assert len(fake.sandboxes[sandbox_id].sessions) == 1
     finally:
         lease.release()
+    assert running(fake, sandbox_id) == 0
 
 
 def test_the_next_run_of_a_session_reuses_its_sandbox_with_a_fresh_repl(

@@ -10,9 +10,12 @@ driver, unjailed), so the frame round trip is real. Absolute sandbox paths (`/wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import tempfile
 import threading
 import uuid
@@ -25,6 +28,12 @@ from aiohttp import MultipartWriter, web
 
 STDOUT_PREFIX, STDERR_PREFIX = b"\x01\x01\x01", b"\x02\x02\x02"
 MAPPED = ("/workspace", "/tmp/fleet-repl")
+
+
+def kill_tree(process: asyncio.subprocess.Process) -> None:
+    """What Daytona does to a deleted session: its command and everything it started go."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def now() -> str:
@@ -119,8 +128,7 @@ class FakeDaytona:
         for sandbox in self.sandboxes.values():
             for commands in sandbox.sessions.values():
                 for command in commands.values():
-                    if command.process.returncode is None:
-                        command.process.kill()
+                    kill_tree(command.process)
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -250,7 +258,10 @@ class FakeDaytona:
 
     async def create_session(self, request: web.Request) -> web.Response:
         sandbox = self.find(request, "sandbox")
-        sandbox.sessions[(await request.json())["sessionId"]] = {}
+        name = (await request.json())["sessionId"]
+        if name in sandbox.sessions:  # as Daytona: a session id is used once
+            return web.json_response({"message": "session already exists", "statusCode": 409}, status=409)
+        sandbox.sessions[name] = {}
         return web.json_response({}, status=201)
 
     async def _shutdown_sessions(self, sandbox: FakeSandbox, only: str | None = None) -> None:
@@ -259,7 +270,7 @@ class FakeDaytona:
                 continue
             for command in commands.values():
                 if command.process.returncode is None:
-                    command.process.kill()
+                    kill_tree(command.process)
                     await command.process.wait()
             del sandbox.sessions[name]
 

@@ -66,6 +66,7 @@ class Repl:
     output: OutputCapture
     cgroup: Cgroup | None = None
     supervisor: int | None = None  # host pid of the supervisor, watched while a cell runs
+    launch: LaunchSpec | None = None  # what started it (a remote REPL's session is named there)
 
 
 class ReplSession:
@@ -81,8 +82,15 @@ class ReplSession:
         caps: Caps,
         budget: WorkspaceBudget | None = None,
         label: str = "repl",
+        fresh_launch: Callable[[], LaunchSpec] | None = None,
+        on_end: Callable[[LaunchSpec], None] | None = None,
     ) -> None:
+        """`fresh_launch` (optional) gives each new REPL process its own launch (a remote REPL's
+        session name, say); `on_end` is told when a REPL is gone (killed, crashed or shut down),
+        so whatever it held outside this machine can be ended too."""
         self._launch = launch
+        self._fresh_launch = fresh_launch
+        self._on_end = on_end
         self._cell_timeout = cell_timeout_seconds
         self._startup_timeout = startup_timeout_seconds
         self._caps = caps
@@ -219,8 +227,11 @@ class ReplSession:
         repl.output.close()
         if repl.cgroup is not None:
             repl.cgroup.remove()
+        self._ended(repl)
 
     def _spawn(self) -> None:
+        if self._fresh_launch is not None:
+            self._launch = self._fresh_launch()
         cgroup = self._new_cgroup()
         read_fd, write_fd = os.pipe()
         try:
@@ -233,7 +244,7 @@ class ReplSession:
         finally:
             os.close(write_fd)  # the REPL holds it now; the pipe ends when the REPL does
         assert proc.stdout is not None and proc.stderr is not None
-        repl = Repl(proc, StderrTail(proc.stderr), OutputCapture(read_fd), cgroup)
+        repl = Repl(proc, StderrTail(proc.stderr), OutputCapture(read_fd), cgroup, launch=self._launch)
         with self._state_lock:
             closed = self._closed
             if not closed:
@@ -334,6 +345,14 @@ class ReplSession:
         repl.output.close()
         if repl.cgroup is not None:
             repl.cgroup.remove()  # and whatever of the REPL escaped its process group
+        self._ended(repl)
+
+    def _ended(self, repl: Repl) -> None:
+        if self._on_end is not None and repl.launch is not None:
+            try:
+                self._on_end(repl.launch)
+            except Exception as exc:  # cleanup elsewhere must never break the session
+                log.warning("sandbox.on_end_failed", label=self._label, error=str(exc))
 
     def _crash_reason(self, repl: Repl, failure: BaseException | None) -> str:
         """Why the REPL process is gone (exit status, stderr tail); it is replaced right away."""

@@ -123,7 +123,8 @@ class DaytonaLease:
         self.sandbox = sandbox
         self._run_id = run_id
         self._files = DaytonaWorkspaceFiles(sandbox, WORKSPACE_MOUNT)
-        self._sessions: list[tuple[str, ReplSession]] = []
+        self._sessions: list[ReplSession] = []
+        self._remote: set[str] = set()  # remote session names not known to be ended
         self._counter = itertools.count(1)
         self._released = False
         self._lock = threading.Lock()
@@ -138,40 +139,59 @@ class DaytonaLease:
 
     def interpreter_factory(self) -> ReplSession:
         cfg = self.provider.cfg
+        session = ReplSession(
+            self.launch(),
+            cell_timeout_seconds=cfg.cell_timeout_seconds,
+            startup_timeout_seconds=cfg.startup_timeout_seconds,
+            caps=self.provider.caps,
+            label=f"{self._run_id}-daytona",
+            fresh_launch=self.launch,  # every relay (a respawn too) opens a session of its own
+            on_end=self.end_remote,  # a killed relay cannot end its command: the lease does
+        )
+        with self._lock:
+            if self._released:
+                raise SandboxUnavailable(f"the sandbox lease of run {self._run_id} was released", fix="")
+            self._sessions.append(session)
+        return session
+
+    def launch(self) -> LaunchSpec:
+        """A relay for a new remote session (Daytona session names cannot be reused)."""
         name = f"fleet-{self._run_id[:8]}-{next(self._counter)}-{secrets.token_hex(3)}"
+        with self._lock:
+            self._remote.add(name)
         env = {
             **self.provider.access.relay_env(),
             "FLEET_RELAY_SANDBOX": str(self.sandbox.id),
             "FLEET_RELAY_SESSION": name,
             "FLEET_RELAY_COMMAND": f"cd {WORKSPACE_MOUNT} && python3 -I -S -u {DRIVER_DIR}/repl_bridge.py",
         }
-        launch = LaunchSpec(
-            argv=(
-                sys.executable,
-                "-m",
-                "fleet_worker.sandbox.daytona.relay",
-                "--output-fd",
-                OUTPUT_FD_PLACEHOLDER,
-            ),
-            env=env,
-            cwd="/",
+        argv = (
+            sys.executable,
+            "-m",
+            "fleet_worker.sandbox.daytona.relay",
+            "--output-fd",
+            OUTPUT_FD_PLACEHOLDER,
         )
-        session = ReplSession(
-            launch,
-            cell_timeout_seconds=cfg.cell_timeout_seconds,
-            startup_timeout_seconds=cfg.startup_timeout_seconds,
-            caps=self.provider.caps,
-            label=f"{self._run_id}-daytona",
-        )
+        return LaunchSpec(argv=argv, env=env, cwd="/")
+
+    def end_remote(self, launch: LaunchSpec) -> None:
+        """End the remote session command of a REPL that is gone (its relay was killed by a
+        timeout or an interrupt, so the REPL may still be running in the sandbox)."""
+        name = launch.env.get("FLEET_RELAY_SESSION")
+        if not name:
+            return
         with self._lock:
-            if self._released:
-                raise SandboxUnavailable(f"the sandbox lease of run {self._run_id} was released", fix="")
-            self._sessions.append((name, session))
-        return session
+            if name not in self._remote:
+                return
+            self._remote.discard(name)
+        try:
+            self.sandbox.process.delete_session(name)
+        except Exception as exc:  # already gone (the relay ended it), or Daytona is away
+            log.debug("daytona.session_gone", session=name, error_type=type(exc).__name__)
 
     def interrupt(self) -> None:
         with self._lock:
-            sessions = [session for _name, session in self._sessions]
+            sessions = list(self._sessions)
         for session in sessions:
             session.interrupt()
 
@@ -183,15 +203,15 @@ class DaytonaLease:
                 return
             self._released = True
             sessions, self._sessions = self._sessions, []
-        for name, session in sessions:
+        for session in sessions:
             try:
                 session.shutdown()
             except Exception as exc:
                 log.warning("daytona.shutdown_failed", run_id=self._run_id, error=str(exc))
-            try:  # a relay killed by a timeout could not end its command itself
-                self.sandbox.process.delete_session(name)
-            except Exception as exc:
-                log.debug("daytona.session_gone", session=name, error_type=type(exc).__name__)
+        with self._lock:
+            leftover = sorted(self._remote)
+        for name in leftover:  # sessions whose REPL never reported its end
+            self.end_remote(LaunchSpec(argv=(), env={"FLEET_RELAY_SESSION": name}, cwd="/"))
 
     def retire(self) -> None:
         """As release, then delete the sandbox: the session's next Turn gets a new one."""
