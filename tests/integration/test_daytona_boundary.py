@@ -167,6 +167,12 @@ def test_files_go_in_and_come_out_without_following_links(
             lease.files.export("artifacts/out/count.txt", io.BytesIO(), 0)
         with pytest.raises(FileNotFoundError):
             lease.files.export("artifacts/link", io.BytesIO(), 100)
+        # Swapped for a huge file between the look and the copy: the copy stops at the cap.
+        fake.swapped_on_download["/workspace/artifacts/out/count.txt"] = b"x" * 3_000_000
+        capped = io.BytesIO()
+        with pytest.raises(ValueError):
+            lease.files.export("artifacts/out/count.txt", capped, 1000)
+        assert len(capped.getvalue()) <= 1000
     finally:
         lease.release()
 

@@ -5,6 +5,7 @@ streamed, artifact bytes come with ETag, Range and 304."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import uuid
@@ -17,6 +18,7 @@ import pytest
 from litestar.testing import TestClient
 
 from fleet_gateway.app import create_app
+from fleet_gateway.routes.files import timestamp
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db.engine import create_engine, session_factory
@@ -146,6 +148,45 @@ def test_foreign_and_unknown_sessions_look_the_same(
     )
 
 
+def test_hostile_names_and_times_do_not_break_listings(
+    client: TestClient,  # type: ignore[type-arg]
+    planted: tuple[str, str, Path],
+) -> None:
+    """A sandbox may write a name that is not UTF-8 and set any mtime: listings still answer."""
+    mine, _theirs, folder = planted
+    os.close(os.open(bytes(folder / "memory") + b"/bad\xff", os.O_CREAT | os.O_WRONLY, 0o644))
+    odd = folder / "memory" / "future.txt"
+    odd.write_text("x")
+    with contextlib.suppress(OSError):  # ext4 clamps such a time; tmpfs and btrfs keep it
+        os.utime(odd, (10**12, 10**12))
+    assert timestamp(10.0**12) == "" and timestamp(0).startswith("1970")
+    listing = client.get("/api/files", params={"session_id": mine, "path": "memory"})
+    tree = client.get("/api/volume/tree", params={"session_id": mine})
+    assert listing.status_code == 200 and tree.status_code == 200
+    names = [i["name"] for i in listing.json()["items"]]
+    assert names == ["future.txt", "note.txt"]
+    stat = client.get("/api/files/stat", params={"session_id": mine, "path": "memory/future.txt"})
+    assert stat.status_code == 200
+
+
+def test_a_page_too_small_for_a_character_still_moves_on(
+    client: TestClient,  # type: ignore[type-arg]
+    planted: tuple[str, str, Path],
+) -> None:
+    mine, _theirs, folder = planted
+    (folder / "memory" / "broken.txt").write_bytes(b"\xf0\x9f\x98x")
+    seen, cursor = [], ""
+    for _ in range(10):
+        params = {"session_id": mine, "path": "memory/broken.txt", "max_chars": 1, "cursor": cursor}
+        page = client.get("/api/files/content", params=params).json()
+        seen.append(page["content"])
+        if page["next_cursor"] is None:
+            break
+        assert int(page["next_cursor"]) > int(cursor or 0)
+        cursor = page["next_cursor"]
+    assert seen[-1] == "x" and len(seen) <= 4
+
+
 def test_content_pages_never_split_a_character(
     client: TestClient,  # type: ignore[type-arg]
     planted: tuple[str, str, Path],
@@ -203,6 +244,16 @@ def test_attachment_upload_is_capped_checked_and_described(
         headers={"content-type": "multipart/form-data; boundary=b"},
     )
     assert broken.status_code == 422
+    body = (
+        b'--b\r\nContent-Disposition: form-data; name="attachment"; filename="split.txt"\r\n\r\n'
+        b"hello\r\n--b--\r\n"
+    )
+    split = client.post(
+        "/api/attachments",
+        content=iter([body[:-2], body[-2:]]),  # the closing CRLF arrives on its own
+        headers={"content-type": "multipart/form-data; boundary=b"},
+    )
+    assert split.status_code == 201 and split.json()["byte_size"] == 5
     leftovers = list((settings.data_dir / "uploads").iterdir())
     assert leftovers == []  # refused uploads leave no temporary file behind
 
@@ -271,7 +322,10 @@ def test_artifact_content_ranges_etag_and_headers(
         assert part.status_code == 206 and part.content == expected, header
         assert part.headers["content-length"] == str(len(expected))
     assert client.get(url, headers={"Range": f"bytes={len(data)}-"}).status_code == 416
-    assert client.get(url, headers={"Range": "bytes=5-1"}).status_code == 416
+    assert client.get(url, headers={"Range": "bytes=5-1"}).content == data  # invalid: ignored (RFC 9110)
+    assert (
+        client.get(url, headers={"Range": f"bytes={'9' * 5000}-"}).content == data
+    )  # no 500 on huge numbers
     assert client.get(url, headers={"Range": "bytes=1-2,5-6"}).content == data  # multi-range: whole file
     assert client.get(url, headers={"If-None-Match": etag}).status_code == 304
     assert client.get(url, headers={"If-None-Match": '"other"'}).status_code == 200

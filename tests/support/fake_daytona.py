@@ -69,6 +69,7 @@ class FakeDaytona:
         self.volumes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self.snapshots: dict[str, dict[str, Any]] = {}
+        self.swapped_on_download: dict[str, bytes] = {}  # a file a sandbox swaps after its stat
         self.fail_next: dict[str, tuple[int, str]] = {}  # "POST /sandbox" → (status, message)
         self.folder = Path(tempfile.mkdtemp(prefix="fake-daytona-"))
         self.loop = asyncio.new_event_loop()
@@ -398,7 +399,8 @@ class FakeDaytona:
         sandbox = self.find(request, "sandbox")
         writer = MultipartWriter("form-data")
         for remote in (await request.json())["paths"]:
-            part = writer.append(sandbox.local(remote).read_bytes())
+            data = self.swapped_on_download.pop(remote, None)
+            part = writer.append(sandbox.local(remote).read_bytes() if data is None else data)
             part.set_content_disposition("form-data", quote_fields=False, name="file", filename=remote)
         response = web.StreamResponse(
             headers={"Content-Type": f"multipart/form-data; boundary={writer.boundary}"}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import obstore
+from obstore.exceptions import BaseError as BlobStoreError
 from obstore.exceptions import NotFoundError
 from obstore.store import LocalStore, S3Store
 
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
 CHUNK_BYTES = 256 * 1024
+
+
+__all__ = ["BlobMissing", "BlobStore", "BlobStoreError", "open_blob_store"]
 
 
 class BlobMissing(Exception):

@@ -83,7 +83,14 @@ def stage_attachments(
                     code="attachment_unavailable",
                 ) from None
             copy.flush()
-            lease.files.put(f"{ATTACHMENTS}/{name}", Path(copy.name))
+            try:
+                lease.files.put(f"{ATTACHMENTS}/{name}", Path(copy.name))
+            except OSError:
+                raise TurnFailed(
+                    f"attachment {attachment.id} could not be copied into attachments/{name}: something "
+                    "of that name is in the way in the workspace (a folder?); remove it and send again",
+                    code="attachment_unavailable",
+                ) from None
         sink.emit_threadsafe(
             AttachmentStaged(
                 run_id=sink.sequencer.run_id,

@@ -18,13 +18,13 @@ from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.schemas import ArtifactOut
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
-from fleet_shared.blobs import BlobMissing, BlobStore
+from fleet_shared.blobs import BlobMissing, BlobStore, BlobStoreError
 from fleet_shared.db import files
 from fleet_shared.db.models import Artifact
 from fleet_shared.ids import parse_uuid
 
 log = structlog.get_logger(__name__)
-RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+RANGE = re.compile(r"^bytes=(\d{0,18})-(\d{0,18})$")
 ASCII_NAME = re.compile(r"[^A-Za-z0-9._ ()+-]")
 
 IfNoneMatch = Annotated[str | None, HeaderParameter(name="If-None-Match", required=False)]
@@ -54,8 +54,10 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
             raise unsatisfiable(size)
         return max(0, size - suffix), size
     start = int(match[1])
+    if match[2] and int(match[2]) < start:
+        return None  # not a valid range (RFC 9110): ignored, the whole file
     end = min(int(match[2]) + 1, size) if match[2] else size
-    if start >= size or end <= start:
+    if start >= size:
         raise unsatisfiable(size)
     return start, end
 
@@ -89,6 +91,9 @@ async def opened(blobs: BlobStore, key: str, start: int, end: int) -> AsyncItera
     except BlobMissing:
         log.error("artifact.bytes_missing", key=key)  # the row outlived its bytes
         raise not_found("artifact") from None
+    except BlobStoreError as exc:  # the store is away, throttling or refusing: retry later
+        log.warning("artifact.store_failed", key=key, error_type=type(exc).__name__)
+        raise ApiError(503, "service_unavailable", "the artifact store is unavailable; retry") from None
 
     async def rest() -> AsyncIterator[bytes]:
         if first:

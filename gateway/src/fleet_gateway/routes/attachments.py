@@ -127,7 +127,9 @@ async def receive(request: Request[Any, Any, Any], limit: int, folder: Path) -> 
     upload = Upload(limit, folder)
     received = 0
     try:
-        with PushMultipartParser(options["boundary"], max_segment_count=8, strict=True) as parser:
+        # Not strict: bytes after the closing boundary (a trailing CRLF in a later chunk) are
+        # ignored; the limits below still bound headers and parts.
+        with PushMultipartParser(options["boundary"], max_segment_count=8, strict=False) as parser:
             async for chunk in request.stream():
                 received += len(chunk)
                 if received > limit + FORM_OVERHEAD_BYTES:
@@ -139,8 +141,6 @@ async def receive(request: Request[Any, Any, Any], limit: int, folder: Path) -> 
                         await upload.end()
                     else:
                         await upload.add(bytes(event))
-                if parser.closed:
-                    break
     except MultipartError as exc:
         upload.discard()
         raise ApiError(422, "validation_error", f"the multipart body is malformed: {exc}") from None

@@ -76,8 +76,25 @@ def entry(name: str, path: str, info: os.stat_result) -> Entry:
         path=path,
         type=kind,
         byte_size=info.st_size if kind == "file" else 0,
-        modified_at=datetime.fromtimestamp(info.st_mtime, UTC).isoformat().replace("+00:00", "Z"),
+        modified_at=timestamp(info.st_mtime),
     )
+
+
+def timestamp(seconds: float) -> str:
+    """ISO 8601, or "" for a time no calendar holds (a sandbox may set any mtime)."""
+    try:
+        return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
+    except (ValueError, OverflowError, OSError):
+        return ""
+
+
+def addressable(name: str) -> bool:
+    """A name a client can see and ask for again: valid Unicode (no undecodable bytes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def children(fd: int, prefix: str, limit: int) -> tuple[list[Entry], list[tuple[str, str]], bool]:
@@ -87,6 +104,8 @@ def children(fd: int, prefix: str, limit: int) -> tuple[list[Entry], list[tuple[
     folders: list[tuple[str, str]] = []
     names = sorted(os.listdir(fd))
     for name in names:
+        if not addressable(name):
+            continue  # bytes that are not UTF-8: not listed, as a link is not
         try:
             info = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
@@ -136,6 +155,8 @@ def read_text(root: Path, parts: list[str], offset: int, max_chars: int) -> tupl
         raise ApiError(415, "unsupported_media_type", "this file is binary; download it instead")
     pending, _flag = decoder.getstate()  # the start of a character cut off by the page's end
     following = offset + len(chunk) - len(pending)
+    if following == offset and offset < size:  # no whole character fits: step over one byte
+        text, following = "\ufffd", offset + 1
     return text, following if following < size else None, size
 
 

@@ -111,9 +111,10 @@ class WorkspaceBudget:
     ends and about every second while one runs; a cell that grows the workspace past the budget
     is stopped. A workspace already over it (an attachment, say) may shrink, never grow.
 
-    A cell's end skips the walk when the workspace's filesystem has exactly the free blocks and
-    free inodes it had just before the last walk: then nothing on it grew (delayed allocation is
-    reserved, and so counted, at write time). One statvfs instead of a tree walk per quick cell."""
+    A cell's end skips the walk when the last one is less than a second old and the workspace's
+    filesystem has exactly the free blocks and free inodes it had just before it: then nothing on
+    it grew (delayed allocation is reserved, and so counted, at write time). One statvfs instead
+    of a tree walk per quick cell."""
 
     EVERY_SECONDS = 1.0
 
@@ -147,7 +148,11 @@ class WorkspaceBudget:
         self.cell_started = time.monotonic()
 
     def unchanged(self) -> bool:
-        """At a cell's end: nothing on the workspace's filesystem grew since the last walk."""
+        """At a cell's end: the last walk is less than a second old and nothing on the
+        workspace's filesystem grew since. Hard links (and names that fit a folder's spare
+        space) use no block and no inode, so a walk still happens at least once a second."""
+        if time.monotonic() - self.measured_at >= self.EVERY_SECONDS:
+            return False
         try:
             return self.filesystem is not None and self.free_space() == self.filesystem
         except OSError:

@@ -6,8 +6,6 @@ hostile: links are skipped, sizes are checked before and while copying, names st
 
 from __future__ import annotations
 
-import os
-import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +13,7 @@ from typing import Any
 from fleet_shared.confined import MAX_DEPTH, parts_of
 from fleet_worker.sandbox.provider import FileStamp, Writable
 
-COPY_CHUNK = 1 << 20
+DOWNLOAD_TIMEOUT_SECONDS = 300
 
 
 def is_link(info: Any) -> bool:
@@ -73,14 +71,16 @@ class DaytonaWorkspaceFiles:
             raise FileNotFoundError(relative)
         if int(info.size) > max_bytes:
             raise ValueError(f"{relative} is {info.size} bytes, more than {max_bytes}")
-        with tempfile.TemporaryDirectory(prefix="fleet-daytona-") as folder:
-            local = os.path.join(folder, "copy")
-            self.sandbox.fs.download_file(remote, local)
-            total = 0
-            with open(local, "rb") as copy:
-                while chunk := copy.read(COPY_CHUNK):
-                    total += len(chunk)
-                    if total > max_bytes:  # it grew between the look and the copy
-                        raise ValueError(f"{relative} is more than {max_bytes} bytes")
-                    sink.write(chunk)
-            return total
+        total = 0
+        stream = self.sandbox.fs.download_file_stream(remote, timeout=DOWNLOAD_TIMEOUT_SECONDS)
+        try:
+            for chunk in stream:
+                total += len(chunk)
+                if total > max_bytes:  # it grew (or was swapped) between the look and the copy
+                    raise ValueError(f"{relative} is more than {max_bytes} bytes")
+                sink.write(chunk)
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()  # stop the transfer: nothing past the cap is read
+        return total
