@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +32,8 @@ class FakeProvider:
     headers: list[dict[str, str]] = field(default_factory=list)
     url: str = ""
     status: int = 200  # anything else answers with an OpenAI-style error body
+    statuses: list[int] = field(default_factory=list)  # per request, before `status` applies
+    delay_s: float = 0.0  # a slow provider
 
 
 @pytest.fixture
@@ -42,12 +45,15 @@ def provider() -> Iterator[FakeProvider]:
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             fake.requests.append({"path": self.path, **body})
             fake.headers.append({k.lower(): v for k, v in self.headers.items()})
-            text = fake.replies.pop(0) if fake.replies else "out of replies"
-            if fake.status != 200:
+            status = fake.statuses.pop(0) if fake.statuses else fake.status
+            if fake.delay_s:
+                time.sleep(fake.delay_s)
+            if status != 200:
                 message = "Incorrect API key sk-boundary-test-key; set OPENAI_API_KEY (operator hint)"
                 error = {"error": {"message": message, "type": "invalid_request_error"}}
-                self.reply(fake.status, json.dumps(error).encode())
+                self.reply(status, json.dumps(error).encode())
                 return
+            text = fake.replies.pop(0) if fake.replies else "out of replies"
             payload = json.dumps(
                 {
                     "id": "chatcmpl-test",
@@ -179,3 +185,34 @@ def test_a_provider_error_shows_users_a_code_not_the_providers_text(
         assert "HTTP 401" in message
     for leak in ("PROXY-PASSWORD", "proxyuser", API_KEY, "OPENAI_API_KEY", "Incorrect"):
         assert leak not in message
+
+
+def test_a_request_timeout_bounds_each_call(provider: FakeProvider, redis_url: str) -> None:
+    """`llm.*.request_timeout_seconds`: a provider that does not answer fails the call in time,
+    so a stopped Turn never waits on it for long."""
+    settings = local_profile(provider, redis_url)
+    lm_settings = msgspec.structs.replace(settings.root_lm, num_retries=0, request_timeout=1.0)
+    provider.delay_s = 5.0
+    provider.replies.append("too late")
+    lm = dspy_adapter.build_lm(lm_settings, "root", None, threading.Event())
+    started = time.monotonic()
+    with pytest.raises(Exception) as raised:
+        lm("ping")
+    assert time.monotonic() - started < 4.5
+    assert dspy_adapter.is_lm_error(raised.value) or "timeout" in type(raised.value).__name__.lower()
+
+
+def test_a_rate_limit_is_retried_and_a_401_is_not(provider: FakeProvider, redis_url: str) -> None:
+    settings = local_profile(provider, redis_url)
+    lm_settings = msgspec.structs.replace(settings.root_lm, num_retries=2)
+    provider.statuses = [429]
+    provider.replies.append("after the 429")
+    lm = dspy_adapter.build_lm(lm_settings, "root", None, threading.Event())
+    assert lm("ping") == ["after the 429"]
+    assert len(provider.requests) == 2
+    provider.requests.clear()
+    provider.statuses = [401]
+    with pytest.raises(Exception) as raised:
+        lm("ping again")
+    assert dspy_adapter.is_lm_error(raised.value)
+    assert len(provider.requests) == 1  # an auth error is final

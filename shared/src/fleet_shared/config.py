@@ -39,6 +39,8 @@ class LMSection(Section):
     api_key_env: EnvName | None = None
     base_url_env: EnvName | None = None
     num_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
+    # One HTTP request to the provider (a retry gets its own); the Turn's deadline bounds them all.
+    request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 120
     temperature: float | None = None
     max_tokens: int | None = None
 
@@ -203,6 +205,7 @@ class ResolvedLM(msgspec.Struct, frozen=True, kw_only=True):
     num_retries: int
     temperature: float | None
     max_tokens: int | None
+    request_timeout: float = 120
 
 
 class ResolvedBlobs(msgspec.Struct, frozen=True, kw_only=True):
@@ -408,6 +411,7 @@ def resolve_lm(section: LMSection, key: str, env: Mapping[str, str], base: Path)
         num_retries=section.num_retries,
         temperature=section.temperature,
         max_tokens=section.max_tokens,
+        request_timeout=section.request_timeout_seconds,
     )
 
 

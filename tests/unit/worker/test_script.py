@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from fleet_worker.errors import ScriptExhausted, ScriptInvalid, TurnFailed
@@ -256,3 +257,32 @@ def test_shipped_demo_script() -> None:
         compile(code, "<demo>", "exec")  # every cell is valid Python
     llm_calls = sum(code.count("llm_query(") for code in codes)
     assert len(subs) >= llm_calls, "every llm_query in the demo needs a sub line"
+
+
+def test_a_separate_sub_script_gets_its_own_cursor(tmp_path: Path) -> None:
+    """`llm.sub.script` naming another file than the root's is honoured (it used to be ignored)."""
+    from fleet_shared.config import load_settings
+    from fleet_worker.program import cursors
+
+    root_file = tmp_path / "root.jsonl"
+    sub_file = tmp_path / "sub.jsonl"
+    root_file.write_text(
+        '{"lm": "root", "reasoning": "r", "code": "x = 1"}\n{"lm": "sub", "text": "from root file"}\n'
+    )
+    sub_file.write_text('{"lm": "sub", "text": "from sub file"}\n')
+    repo = Path(__file__).resolve().parents[3]
+    settings = load_settings(
+        {"FLEET_CONFIG": str(repo / "config" / "fleet.toml"), "FLEET_REDIS_URL": "redis://x"}
+    )
+    root = msgspec.structs.replace(settings.root_lm, script_path=root_file)
+    sub = msgspec.structs.replace(settings.sub_lm, script_path=sub_file)
+    separate = msgspec.structs.replace(settings, root_lm=root, sub_lm=sub)
+    root_cursor, sub_cursor = cursors({}, separate)
+    assert root_cursor is not None and sub_cursor is not None and root_cursor is not sub_cursor
+    assert getattr(sub_cursor.next("sub"), "text", None) == "from sub file"
+    same = msgspec.structs.replace(
+        settings, root_lm=root, sub_lm=msgspec.structs.replace(sub, script_path=root_file)
+    )
+    shared_root, shared_sub = cursors({}, same)
+    assert shared_root is shared_sub
+    assert getattr(shared_sub.next("sub"), "text", None) == "from root file"

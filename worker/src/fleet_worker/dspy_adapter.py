@@ -103,7 +103,7 @@ def build_lm(lm: ResolvedLM, role: Role, cursor: ScriptCursor | None, stop: thre
 
 def provider_kwargs(lm: ResolvedLM) -> dict[str, Any]:
     """The LiteLLM/OpenAI-compatible settings; the key is revealed only here, into the client."""
-    kwargs: dict[str, Any] = {"num_retries": lm.num_retries}
+    kwargs: dict[str, Any] = {"num_retries": lm.num_retries, "timeout": lm.request_timeout}
     if lm.api_key is not None:
         kwargs["api_key"] = lm.api_key.reveal()
     if lm.base_url:

@@ -14,11 +14,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet_shared.config import Settings
+from fleet_shared.config import ResolvedLM, Settings
 from fleet_worker import dspy_adapter
 from fleet_worker.errors import LeaseLost, TurnCancelled, TurnTimedOut
 from fleet_worker.lease import RunLease
-from fleet_worker.lm.script import Script, load_script
+from fleet_worker.lm.script import Script, ScriptCursor, load_script
 from fleet_worker.outcome import Outcome
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.provider import SandboxLease
@@ -61,16 +61,14 @@ def start_program(
         max_output_chars=rlm.max_output_chars,
         max_llm_calls=rlm.max_llm_calls,
     )
-    cursor = None
-    if settings.root_lm.scripted or settings.sub_lm.scripted:
-        cursor = script_for(scripts, settings).cursor()
+    root_cursor, sub_cursor = cursors(scripts, settings)
     call = functools.partial(
         dspy_adapter.run_program,
         request=request,
         history=history,
         attachments=attachments,
-        root_lm=dspy_adapter.build_lm(settings.root_lm, "root", cursor, stop),
-        sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", cursor, stop),
+        root_lm=dspy_adapter.build_lm(settings.root_lm, "root", root_cursor, stop),
+        sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", sub_cursor, stop),
         limits=dspy_adapter.ProgramLimits(rlm.max_iters, rlm.max_llm_calls, rlm.max_output_chars),
         observer=observer,
         interpreter_factory=sandbox.interpreter_factory,
@@ -138,8 +136,23 @@ async def stop_program(run: ProgramRun, sink: EventSink, sandbox_ops: Executor, 
     sink.accepting_thread_events = False
 
 
-def script_for(scripts: dict[Path, Script], settings: Settings) -> Script:
-    lm = settings.root_lm if settings.root_lm.scripted else settings.sub_lm
+Cursors = tuple[ScriptCursor | None, ScriptCursor | None]
+
+
+def cursors(scripts: dict[Path, Script], settings: Settings) -> Cursors:
+    """One Run's cursors for the scripted LMs: root and sub share one when they read the same
+    file (each role keeps its own place), and each has its own when their scripts differ."""
+    root = settings.root_lm
+    sub = settings.sub_lm
+    root_cursor = script_for(scripts, root).cursor() if root.scripted else None
+    if not sub.scripted:
+        return root_cursor, None
+    if root_cursor is not None and sub.script_path == root.script_path:
+        return root_cursor, root_cursor
+    return root_cursor, script_for(scripts, sub).cursor()
+
+
+def script_for(scripts: dict[Path, Script], lm: ResolvedLM) -> Script:
     assert lm.script_path is not None
     script = scripts.get(lm.script_path)
     if script is None:
