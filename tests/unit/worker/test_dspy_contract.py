@@ -163,7 +163,7 @@ def resolved(name: str = "openai/gpt-4o-mini", **overrides: Any) -> ResolvedLM:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({}, {"num_retries": 3}),
+        ({}, {"num_retries": 3, "timeout": 120}),
         (
             {
                 "api_key": Secret("sk-test-123"),
@@ -171,6 +171,7 @@ def resolved(name: str = "openai/gpt-4o-mini", **overrides: Any) -> ResolvedLM:
                 "num_retries": 5,
                 "temperature": 0.2,
                 "max_tokens": 512,
+                "request_timeout": 30.0,
             },
             {
                 "api_key": "sk-test-123",
@@ -178,10 +179,11 @@ def resolved(name: str = "openai/gpt-4o-mini", **overrides: Any) -> ResolvedLM:
                 "num_retries": 5,
                 "temperature": 0.2,
                 "max_tokens": 512,
+                "timeout": 30.0,
             },
         ),
-        ({"num_retries": 0, "temperature": 0.0}, {"num_retries": 0, "temperature": 0.0}),
-        ({"base_url": ""}, {"num_retries": 3}),
+        ({"num_retries": 0, "temperature": 0.0}, {"num_retries": 0, "temperature": 0.0, "timeout": 120}),
+        ({"base_url": ""}, {"num_retries": 3, "timeout": 120}),
     ],
     ids=["bare", "everything", "zero-values-kept", "empty-base-url"],
 )
