@@ -310,3 +310,29 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
     await listen.aclose()
     logged = await harness.events(run_id)
     assert [e.seq for e in logged] == [1, 2] and logged[-1] == terminal
+
+
+async def test_a_turn_out_of_iterations_ends_with_the_extracted_answer_and_says_so(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """`rlm.max_iters` used up without SUBMIT: DSPy's extract fallback answers (with the scripted
+    LM, the next root line's reasoning), a `max_iters` warning comes first, the Turn completes."""
+    from fleet_shared.events import Answer, Warning
+
+    steps = [{"lm": "root", "reasoning": f"step {i}", "code": f"x{i} = {i}"} for i in range(2)]
+    extract = {"lm": "root", "reasoning": "the best answer so far", "code": "unused"}
+    harness: Harness = harness_factory(*steps, extract, rlm={"max_iters": 2})
+    run_id = await harness.submit()
+    await harness.work()
+    events = await harness.events(run_id)
+    kinds = [type(e).__name__ for e in events]
+    warnings = [e for e in events if isinstance(e, Warning)]
+    answers = [e for e in events if isinstance(e, Answer)]
+    assert [w.code for w in warnings] == ["max_iters"] and "rlm.max_iters" in warnings[0].message
+    assert [a.text for a in answers] == ["the best answer so far"]
+    assert kinds.index("Warning") < kinds.index("Answer") and kinds[-1] == "RunCompleted"
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+        assert run is not None and run.status == "completed"
+        turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
+    assert {"type": "data-warning", "data": {"message": warnings[0].message, "code": "max_iters"}} in turns[
+        1
+    ].parts

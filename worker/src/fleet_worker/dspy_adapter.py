@@ -31,7 +31,7 @@ from fleet_shared.events import (
     Warning,
 )
 from fleet_worker.errors import TurnStopped
-from fleet_worker.lm.script import Role, ScriptCursor, completion_text, count_tokens
+from fleet_worker.lm.script import Role, ScriptCursor, asks_for_the_answer, completion_text, count_tokens
 from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.provider import Repl
 from fleet_worker.sandbox.workspace import HOST_PATHS
@@ -70,7 +70,8 @@ class ScriptedEngine:
         line = self.cursor.next(self.role)
         if line.delay_s and self.stop.wait(line.delay_s):
             raise TurnStopped("the Turn was stopped during a scripted delay")
-        text = completion_text(line)
+        system = request.system if isinstance(request.system, str) else str(request.system or "")
+        text = completion_text(line, extract=self.role == "root" and asks_for_the_answer(system))
         prompt = "".join(m.text or "" for m in request.messages)
         usage = Usage(
             input_tokens=count_tokens(prompt),
@@ -191,6 +192,15 @@ class TurnObserver:
             self.step_open = False
             self.emit(IterationFinished(run_id=self.run_id, iteration=self.iteration))
 
+    def max_iters_reached(self, max_iters: int) -> None:
+        """The answer that follows is DSPy's extract fallback: said so, once, before it."""
+        self.finish_step()
+        message = (
+            f"the RLM used all {max_iters} iterations without SUBMIT; the answer below was "
+            "extracted from its work so far (rlm.max_iters)"
+        )
+        self.emit(Warning(run_id=self.run_id, code="max_iters", message=message))
+
     def warn_budget_once(self) -> None:
         if not self.budget_warned:
             self.budget_warned = True
@@ -245,8 +255,10 @@ class DspyCallbacks(BaseCallback):
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         if instance is self.program.generate_action:
             self.observer.action_started(call_id)
-        else:
-            self.observer.check_stop()
+            return
+        self.observer.check_stop()
+        if instance is self.program.extract:  # every iteration used, no SUBMIT: DSPy extracts
+            self.observer.max_iters_reached(self.program.max_iters)
 
     def on_module_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
         self.observer.action_finished(call_id, outputs)

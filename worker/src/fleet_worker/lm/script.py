@@ -99,17 +99,28 @@ class ScriptCursor:
             return lines[index]
 
 
-def completion_text(line: ScriptLine) -> str:
-    """What the LM 'says': actions in DSPy's chat-adapter field format, sub answers verbatim."""
+def completion_text(line: ScriptLine, *, extract: bool = False) -> str:
+    """What the LM 'says': actions in DSPy's chat-adapter field format, sub answers verbatim.
+
+    `extract`: DSPy asks for the final answer itself (the RLM used all its iterations): the
+    line's `reasoning` is that answer (docs/configuration.md, the scripted LM)."""
     match line:
         case SubLine(text=text):
             return text
+        case RootLine() | ChildLine() if extract:
+            return f"[[ ## answer ## ]]\n{line.reasoning}\n\n[[ ## completed ## ]]"
         case RootLine() | ChildLine():
             return (
                 f"[[ ## reasoning ## ]]\n{line.reasoning}\n\n"
                 f"[[ ## code ## ]]\n{line.code}\n\n"
                 "[[ ## completed ## ]]"
             )
+
+
+def asks_for_the_answer(system: str) -> bool:
+    """Whether a request's instructions ask for the final `answer` rather than an action."""
+    fields = system.partition("output fields are:")[2].partition("All interactions")[0]
+    return "`answer`" in fields and "`code`" not in fields
 
 
 def count_tokens(text: str) -> int:
