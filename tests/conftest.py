@@ -62,9 +62,12 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 def migrate(url: str) -> None:
+    """Migrate to head and seed the built-in skill cards, as `fleet db upgrade` does."""
     from fleet_shared.db.migrate import upgrade
+    from fleet_shared.skills import seed_skills
 
     upgrade(url)
+    seed_skills(url, REPO / "config" / "skills")
 
 
 @pytest.fixture(scope="session")

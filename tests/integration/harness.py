@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from fleet_shared import event_log, redis_keys
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import queries
-from fleet_shared.db.models import Attachment
+from fleet_shared.db.models import Attachment, Skill
 from fleet_shared.event_log import Appended, RunLog, lease_token
 from fleet_shared.events import RunEvent
 from fleet_shared.queue import RUN_TURN, deserialize_job, serialize_job
@@ -48,6 +48,7 @@ class Harness:
         session_id: str | None = None,
         key: str = "k",
         attachments: Sequence[Attachment] = (),
+        skills: Sequence[Skill] = (),
     ) -> str:
         """Claim a Turn (in a new session, or `session_id`) and queue it, as the gateway does."""
         async with self.sessions() as db:
@@ -61,6 +62,7 @@ class Harness:
                 text=text,
                 model=self.settings.root_lm.name,
                 attachments=attachments,
+                skills=skills,
             )
         assert isinstance(claimed, queries.Claimed)
         if not enqueue:

@@ -26,6 +26,7 @@ import redis
 
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import migrate
+from fleet_shared.skills import seed_skills
 
 READY_TIMEOUT_SECONDS = 60.0
 STOP_GRACE_SECONDS = 15.0  # beyond the workers' drain time: settling a cancelled Turn
@@ -230,6 +231,7 @@ def supervise(stack: Stack, settings: Settings, data_dir: Path, *, host: str, po
     if not os.environ.get("FLEET_DATABASE_URL"):
         env["FLEET_DATABASE_URL"] = settings.database_url
         migrate.upgrade(settings.database_url)  # the embedded SQLite only; never a given DB
+        seed_skills(settings.database_url, settings.skills_dir)
         (data_dir / "fleet.db").chmod(0o600)
     cli = [sys.executable, "-m", "fleet_cli"]
     stack.children.append(stack.spawn("gateway", [*cli, "gateway", "--host", host, "--port", str(port)], env))

@@ -205,8 +205,15 @@ def run_db(command: str) -> int:
     from fleet_shared.db.engine import HEAD_REVISION, create_engine, current_revision
 
     if command == "upgrade":
+        from fleet_shared.skills import seed_skills
+
         migrate.upgrade(settings.database_url)
         print(f"fleet: database at {HEAD_REVISION}")
+        seeded = seed_skills(settings.database_url, settings.skills_dir)
+        print(
+            f"fleet: skills from {settings.skills_dir}: {len(seeded.inserted)} added, "
+            f"{len(seeded.updated)} updated, {len(seeded.unchanged)} unchanged"
+        )
         return 0
 
     async def check() -> str | None:

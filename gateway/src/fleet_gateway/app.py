@@ -31,6 +31,7 @@ from fleet_gateway.routes.files import FilesController
 from fleet_gateway.routes.health import health, ready
 from fleet_gateway.routes.runs import RunController
 from fleet_gateway.routes.sessions import SessionController
+from fleet_gateway.routes.skills import SkillController
 from fleet_gateway.routes.turns import TurnController
 from fleet_gateway.state import GatewayState
 from fleet_shared.blobs import open_blob_store
@@ -97,6 +98,7 @@ def create_app(settings: Settings) -> Litestar:
             AttachmentController,
             ArtifactController,
             FilesController,
+            SkillController,
         ],
         guards=[require_token(settings)],
     )

@@ -10,6 +10,7 @@ from fleet_shared.events import (
     ArtifactCreated,
     AttachmentStaged,
     CellOutput,
+    ChildProgress,
     CodeCell,
     IterationFinished,
     IterationStarted,
@@ -21,6 +22,7 @@ from fleet_shared.events import (
     RunCompleted,
     RunEvent,
     RunFailed,
+    SkillUsed,
     StatusChanged,
     Usage,
     Warning,
@@ -104,7 +106,7 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             return [tool_output(state, call_id, {"texts": texts})]
         case LMQueryFinished(call_id=call_id, text=text):
             return [tool_output(state, call_id, {"text": text or ""})]
-        case Usage() | Warning() | AttachmentStaged() | ArtifactCreated():
+        case Usage() | Warning() | AttachmentStaged() | ArtifactCreated() | SkillUsed() | ChildProgress():
             return [data_part(event)]
         case Answer(part_id=part_id, text=text):
             return [

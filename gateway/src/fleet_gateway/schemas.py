@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from fleet_shared.db.models import Artifact, Attachment, Run, Session, Turn
+from fleet_shared.db.models import Artifact, Attachment, Run, Session, Skill, Turn
 
 MAX_INT32 = 2**31 - 1
 # Text fields refuse NUL: PostgreSQL cannot store it, and no client means to send it.
@@ -54,6 +54,36 @@ class SessionOut(msgspec.Struct, frozen=True, kw_only=True):
             workspace_id=session.workspace_id,
             created_at=iso(session.created_at),
             updated_at=iso(session.updated_at),
+        )
+
+
+class TaskProgress(msgspec.Struct, frozen=True, kw_only=True):
+    sequence: int
+    run_id: str
+    status: str
+    request: str
+    outcome: str
+    at: str
+
+
+class TaskOut(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A session's task checkpoint; version 0 (and no goal) until its first Turn settles."""
+
+    session_id: str
+    checkpoint_version: int
+    goal: str | None = None
+    progress: list[TaskProgress] = []
+    updated_at: str | None = None
+
+    @classmethod
+    def of(cls, session: Session) -> TaskOut:
+        task = session.task or {}
+        return cls(
+            session_id=session.id,
+            checkpoint_version=session.checkpoint_version,
+            goal=task.get("goal"),
+            progress=msgspec.convert(task.get("progress") or [], list[TaskProgress]),
+            updated_at=task.get("updated_at"),
         )
 
 
@@ -174,3 +204,32 @@ class ArtifactOut(msgspec.Struct, frozen=True, kw_only=True):
             checksum_sha256=row.checksum_sha256,
             created_at=iso(row.created_at),
         )
+
+
+class SkillSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """A skill in a listing: enough to choose it (select it with `{id, expected_version}`)."""
+
+    id: str
+    name: str
+    version: str
+    description: str
+
+    @classmethod
+    def of(cls, row: Skill) -> SkillSummary:
+        return cls(id=row.id, name=row.name, version=row.version, description=row.description)
+
+
+class SkillPage(msgspec.Struct, frozen=True):
+    items: list[SkillSummary]
+
+
+class SkillOut(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    version: str
+    description: str
+    body: str
+
+    @classmethod
+    def of(cls, row: Skill) -> SkillOut:
+        return cls(id=row.id, name=row.name, version=row.version, description=row.description, body=row.body)

@@ -60,7 +60,11 @@ class RLMSection(Section):
     max_events: Annotated[int, msgspec.Meta(ge=100, le=1_000_000)] = 5_000
     max_history_turns: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 20
     max_history_chars: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 50_000
-    recursion: bool = False
+    recursion: bool = False  # `rlm_query` child RLMs (one level; docs/rlm.md)
+    max_children: Annotated[int, msgspec.Meta(ge=1, le=32)] = 4
+    child_max_iters: Annotated[int, msgspec.Meta(ge=1, le=100)] = 8
+    child_max_llm_calls: Annotated[int, msgspec.Meta(ge=2, le=10_000)] = 12
+    batch_concurrency: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
 
 
 class LocalSandboxSection(Section):
@@ -207,6 +211,14 @@ class ResolvedLM(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int | None
     request_timeout: float = 120
 
+    def __repr__(self) -> str:
+        # The base URL may carry credentials (user:password@): never in a log line.
+        base_url = None if self.base_url is None else redact_url(self.base_url)
+        return (
+            f"ResolvedLM(name={self.name!r}, scripted={self.scripted}, base_url={base_url!r}, "
+            f"api_key={self.api_key!r}, num_retries={self.num_retries})"
+        )
+
 
 class ResolvedBlobs(msgspec.Struct, frozen=True, kw_only=True):
     """The blob store with its env references resolved (secrets stay wrapped)."""
@@ -236,6 +248,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: Path
     api_token: Secret | None
     blobs: ResolvedBlobs
+    skills_dir: Path  # the built-in skill cards, seeded into the DB by `fleet db upgrade`
 
     @property
     def workspaces_dir(self) -> Path:
@@ -302,6 +315,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         data_dir=data_dir,
         api_token=Secret(token) if token else None,
         blobs=resolve_blobs(profile.storage.blobs, f"{key_prefix}.storage.blobs", env),
+        skills_dir=Path(env.get("FLEET_SKILLS_DIR") or base / "skills"),
     )
 
 
@@ -400,8 +414,11 @@ def resolve_lm(section: LMSection, key: str, env: Mapping[str, str], base: Path)
     if section.api_key_env:
         api_key = Secret(require_env(env, section.api_key_env, f"{key}.api_key_env"))
     base_url = None
-    if section.base_url_env:
-        base_url = env.get(section.base_url_env) or None
+    if section.base_url_env:  # as strict as every referenced variable: a typo stops startup
+        base_url = require_env(env, section.base_url_env, f"{key}.base_url_env")
+        if not base_url.startswith(("http://", "https://")):
+            # The value is not echoed: a base URL may carry credentials.
+            raise ConfigError(f"{key}.base_url_env: {section.base_url_env} is not an http(s) URL")
     return ResolvedLM(
         name=name,
         scripted=scripted,

@@ -14,3 +14,7 @@ class ConfigError(FleetError):
 
 class InvalidTransition(FleetError):
     """A Run command is not allowed from the Run's current status."""
+
+
+class SkillCardError(ConfigError):
+    """A skill card file cannot be used; the message names the file and the key."""

@@ -96,6 +96,31 @@ class ArtifactCreated(Event, tag="artifact.created"):
     checksum_sha256: str
 
 
+class SkillUsed(Event, tag="skill"):
+    """A skill the Turn selected: `activated` when the Run takes it up, `loaded` once its card is
+    in the workspace's `skills/` and given to the RLM."""
+
+    skill_id: str
+    name: str
+    version: str
+    phase: Literal["activated", "loaded"]
+
+
+ChildState = Literal["started", "completed", "failed", "cancelled"]
+CleanupState = Literal["pending", "released", "failed"]
+
+
+class ChildProgress(Event, tag="child.progress"):
+    """One `rlm_query` child RLM's life: each report replaces the last for the same `child_id`;
+    the child's sandbox cleanup is always reported, even when the parent was stopped."""
+
+    child_id: str
+    task_label: str
+    state: ChildState
+    cleanup_state: CleanupState
+    elapsed_ms: int | None = None
+
+
 class Answer(Event, tag="answer"):
     part_id: str
     text: str
@@ -128,6 +153,8 @@ RunEvent = (
     | Usage
     | AttachmentStaged
     | ArtifactCreated
+    | SkillUsed
+    | ChildProgress
     | Answer
     | RunCompleted
     | RunFailed

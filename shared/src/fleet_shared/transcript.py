@@ -9,6 +9,7 @@ from fleet_shared.events import (
     ArtifactCreated,
     AttachmentStaged,
     CellOutput,
+    ChildProgress,
     CodeCell,
     IterationFinished,
     IterationStarted,
@@ -19,6 +20,7 @@ from fleet_shared.events import (
     RunCompleted,
     RunEvent,
     RunFailed,
+    SkillUsed,
     StatusChanged,
     Usage,
     Warning,
@@ -43,7 +45,10 @@ def attachment_part(attachment_id: str, filename: str, byte_size: int) -> Part:
     return {"type": "data-attachment", "data": data}
 
 
-def data_part(event: Usage | Warning | AttachmentStaged | ArtifactCreated) -> Part:
+DataEvent = Usage | Warning | AttachmentStaged | ArtifactCreated | SkillUsed | ChildProgress
+
+
+def data_part(event: DataEvent) -> Part:
     """The `data-*` part of an event: the same in the live stream and the committed Turn."""
     match event:
         case Usage():
@@ -63,6 +68,20 @@ def data_part(event: Usage | Warning | AttachmentStaged | ArtifactCreated) -> Pa
                     "checksum_sha256": event.checksum_sha256,
                 },
             }
+        case SkillUsed():
+            skill = {"skill_id": event.skill_id, "name": event.name, "version": event.version}
+            return {"type": "data-skill", "data": {**skill, "phase": event.phase}}
+        case ChildProgress():
+            progress: dict[str, Any] = {
+                "child_id": event.child_id,
+                "task_label": event.task_label,
+                "state": event.state,
+                "cleanup_state": event.cleanup_state,
+            }
+            if event.elapsed_ms is not None:
+                progress["elapsed_ms"] = event.elapsed_ms
+            # The id makes a later report replace the earlier one, in the AI SDK and the transcript.
+            return {"type": "data-child-progress", "id": event.child_id, "data": progress}
 
 
 def fold_parts(events: list[RunEvent]) -> list[Part]:
@@ -87,7 +106,9 @@ def fold_parts(events: list[RunEvent]) -> list[Part]:
                 parts.append(tools[event.call_id])
             case LMQueryFinished():
                 settle_tool(tools.get(event.call_id), **lm_query_result(event))
-            case Usage() | Warning() | AttachmentStaged() | ArtifactCreated():
+            case ChildProgress():
+                replace_data_part(parts, data_part(event))
+            case Usage() | Warning() | AttachmentStaged() | ArtifactCreated() | SkillUsed():
                 parts.append(data_part(event))
             case Answer(text=text):
                 parts.append({"type": "text", "text": text, "state": "done"})
@@ -96,6 +117,15 @@ def fold_parts(events: list[RunEvent]) -> list[Part]:
             case _:
                 assert_never(event)
     return parts
+
+
+def replace_data_part(parts: list[Part], part: Part) -> None:
+    """A data part with an id replaces the earlier part of the same type and id, as in the AI SDK."""
+    for index, existing in enumerate(parts):
+        if existing.get("type") == part["type"] and existing.get("id") == part["id"]:
+            parts[index] = part
+            return
+    parts.append(part)
 
 
 def tool_part(call_id: str, tool_name: str, tool_input: dict[str, Any]) -> Part:

@@ -89,11 +89,24 @@ def test_shipped_local_profile_loads() -> None:
     assert settings.profile.runtime.turn_timeout_seconds == 900
 
 
-def test_local_profile_base_url_is_optional() -> None:
-    settings = load_settings(
-        shipped_env(FLEET_PROFILE="local", FLEET_LM_MODEL="openai/gpt-4o-mini", FLEET_LM_API_KEY="k")
+def test_a_referenced_base_url_variable_that_is_unset_stops_startup() -> None:
+    """Config strictness covers `base_url_env` too: it used to become None silently."""
+    with pytest.raises(ConfigError, match=r"FLEET_LM_BASE_URL is not set .*llm\.root\.base_url_env"):
+        load_settings(
+            shipped_env(FLEET_PROFILE="local", FLEET_LM_MODEL="openai/gpt-4o-mini", FLEET_LM_API_KEY="k")
+        )
+
+
+def test_a_base_url_that_is_not_http_is_refused_without_echoing_it() -> None:
+    env = shipped_env(
+        FLEET_PROFILE="local",
+        FLEET_LM_MODEL="openai/gpt-4o-mini",
+        FLEET_LM_API_KEY="k",
+        FLEET_LM_BASE_URL="ftp://user:hunter2@host/",
     )
-    assert settings.root_lm.base_url is None
+    with pytest.raises(ConfigError, match="is not an http") as info:
+        load_settings(env)
+    assert "hunter2" not in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -367,6 +380,7 @@ def test_settings_repr_and_summary_reveal_no_secret() -> None:
             FLEET_PROFILE="local",
             FLEET_LM_MODEL="openai/gpt-4o-mini",
             FLEET_LM_API_KEY="sk-very-secret-key",
+            FLEET_LM_BASE_URL="https://lm-user:url-very-secret@lm.internal/v1",
             FLEET_API_TOKEN="tok-very-secret",
             FLEET_DATABASE_URL="postgresql+asyncpg://fleet:db-very-secret@db:5432/fleet",
             FLEET_REDIS_URL="redis://:redis-very-secret@cache:6379/0",
@@ -374,7 +388,13 @@ def test_settings_repr_and_summary_reveal_no_secret() -> None:
     )
     summary = config_summary(settings)
     rendered = repr(summary) + repr(settings.root_lm) + repr(settings.sub_lm)
-    for secret in ("sk-very-secret-key", "tok-very-secret", "db-very-secret", "redis-very-secret"):
+    for secret in (
+        "sk-very-secret-key",
+        "url-very-secret",
+        "tok-very-secret",
+        "db-very-secret",
+        "redis-very-secret",
+    ):
         assert secret not in rendered
     assert summary == {
         "profile": "local",

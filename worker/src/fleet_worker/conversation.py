@@ -11,7 +11,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fleet_shared.db import files, queries
+from fleet_shared.db import files, queries, skills
+from fleet_shared.skills import selected_skills
 
 CUT_MARK = "\n[... cut]"
 
@@ -25,11 +26,21 @@ class AttachmentRef:
 
 
 @dataclass(frozen=True)
+class SkillRef:
+    id: str
+    name: str
+    version: str
+    description: str
+    body: str
+
+
+@dataclass(frozen=True)
 class Conversation:
     request: str
     history: list[dict[str, str]]
     truncated: bool  # older Turns, or parts of them, were left out
     attachments: list[AttachmentRef] = field(default_factory=list)  # sent with this Turn
+    skills: list[SkillRef] = field(default_factory=list)  # selected for this Turn
 
 
 async def load_conversation(
@@ -47,7 +58,9 @@ async def load_conversation(
         turns = await queries.list_turns(db, session_id, after_sequence=first, limit=user_sequence - first)
         sent = next((t.parts for t in turns if t.sequence == user_sequence), [])
         rows = await files.get_attachments(db, attachment_ids(sent))
+        cards = await skills.get_skills(db, [s.skill_id for s in selected_skills(sent)])
     attachments = [AttachmentRef(r.id, r.filename, r.media_type, r.byte_size) for r in rows]
+    chosen = [SkillRef(c.id, c.name, c.version, c.description, c.body) for c in cards]
     texts = {t.sequence: (t.role, t.status, text_of(t.parts)) for t in turns}
     request = texts[user_sequence][2]
     pairs = [
@@ -59,7 +72,8 @@ async def load_conversation(
     ]
     history, cut = bounded(pairs[-max_turns:] if max_turns else [], max_chars)
     earlier = first > 0 or len(pairs) > max_turns
-    return Conversation(request, history, truncated=cut or (earlier and bool(pairs)), attachments=attachments)
+    truncated = cut or (earlier and bool(pairs))
+    return Conversation(request, history, truncated=truncated, attachments=attachments, skills=chosen)
 
 
 def bounded(pairs: list[dict[str, str]], max_chars: int) -> tuple[list[dict[str, str]], bool]:

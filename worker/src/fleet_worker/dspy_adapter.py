@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import dspy
@@ -19,42 +19,53 @@ from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreter
 from dspy.utils.callback import BaseCallback
 
 from fleet_shared.config import ResolvedLM
-from fleet_shared.events import (
-    CellOutput,
-    CodeCell,
-    IterationFinished,
-    IterationStarted,
-    LMQueryFinished,
-    LMQueryStarted,
-    Reasoning,
-    RunEvent,
-    Warning,
-)
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, asks_for_the_answer, completion_text, count_tokens
+from fleet_worker.observer import TurnObserver
 from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.provider import Repl
 from fleet_worker.sandbox.workspace import HOST_PATHS
 
-LM_TOOLS = ("llm_query", "llm_query_batched", "rlm_query")
-PROMPT_PREVIEW_CHARS = 4000
+# The sandbox facade's setup cell (DSPy >= 3.4) carries this variable. fleet refuses that cell, so
+# no `dspy.Predict/RLM(...)` can be built inside the REPL: a sandboxed dspy.RLM would recurse on
+# the session's own workspace without a depth limit, and its calls would bypass the one budget.
+FACADE_SETUP_VARIABLE = "__dspy_host_token"
 
 
 class TurnSignature(dspy.Signature):
-    """Answer the user's request. Use the REPL: plain Python first, then `llm_query`, then
-    `llm_query_batched`; verify what you computed, then call SUBMIT once.
+    """Answer the user's request. Use the REPL, and take the cheapest step that is enough:
+    plain Python first; then `llm_query(prompt)` for one piece of semantic work; then
+    `llm_query_batched(prompts)` for many independent pieces at once; then, only if it is
+    enabled and a subtask needs its own multi-step work, `rlm_query(task)`, which starts a
+    child RLM in a fresh, empty sandbox (put everything it needs in the task text). Every LM
+    call counts against one budget; when it is spent, the call raises and you carry on in
+    Python. Verify what you computed, then call SUBMIT exactly once.
 
     The REPL's working folder is /workspace, which belongs to this session and outlives the
     Turn: `memory/` holds notes you left for later Turns (read it first, write what is worth
-    keeping), `skills/` holds skill cards, `attachments/` the files the user attached, and every
-    file you write under `artifacts/` is delivered to the user as a download."""
+    keeping), `skills/` holds the skill cards selected for this Turn (follow them),
+    `attachments/` the files the user attached, and every file you write under `artifacts/` is
+    delivered to the user as a download."""
 
     request: str = dspy.InputField(desc="the user's message for this Turn")
     history: dspy.History = dspy.InputField(desc="earlier Turns of this session")
+    skills: list[str] = dspy.InputField(
+        desc="skill cards selected for this Turn (their full text is in /workspace/skills/)"
+    )
     attachments: list[str] = dspy.InputField(
         desc="files the user attached, staged under /workspace/attachments/"
     )
     answer: str = dspy.OutputField(desc="the reply shown to the user")
+
+
+class ChildSignature(dspy.Signature):
+    """You are a child RLM, started by a parent RLM's `rlm_query` for one subtask. Your REPL is
+    a fresh, empty sandbox: everything you need is in `task`. Use plain Python, `llm_query` and
+    `llm_query_batched` (you cannot start children), keep within your share of the LM budget,
+    and SUBMIT one concise answer for the parent."""
+
+    task: str = dspy.InputField(desc="the subtask, with all the context it needs")
+    answer: str = dspy.OutputField(desc="the result, for the parent RLM")
 
 
 # --- LMs ----------------------------------------------------------------------------------------
@@ -71,7 +82,7 @@ class ScriptedEngine:
         if line.delay_s and self.stop.wait(line.delay_s):
             raise TurnStopped("the Turn was stopped during a scripted delay")
         system = request.system if isinstance(request.system, str) else str(request.system or "")
-        text = completion_text(line, extract=self.role == "root" and asks_for_the_answer(system))
+        text = completion_text(line, extract=self.role != "sub" and asks_for_the_answer(system))
         prompt = "".join(m.text or "" for m in request.messages)
         usage = Usage(
             input_tokens=count_tokens(prompt),
@@ -116,141 +127,17 @@ def provider_kwargs(lm: ResolvedLM) -> dict[str, Any]:
     return kwargs
 
 
-# --- observing a Run ----------------------------------------------------------------------------
-
-
-@dataclass
-class TurnObserver:
-    """Turns what DSPy and the sandbox report into Runtime Events, from the RLM's thread."""
-
-    emit: Callable[[RunEvent], None]
-    run_id: str
-    stop: threading.Event
-    max_output_chars: int
-    max_llm_calls: int = 1_000_000  # mirrors DSPy's budget, so refused calls make no events
-    iteration: int = 0
-    step_open: bool = False
-    pending_cell: bool = False
-    lm_calls: int = 0
-    charged: int = 0  # prompts sent to the sub-LM so far (a batch charges one per prompt)
-    budget_warned: bool = False
-    action_calls: set[str] = field(default_factory=set)
-    usage_tracker: Any = None  # dspy's UsageTracker for this Turn, once the program runs
-
-    def usage_snapshot(self) -> dict[str, dict[str, int]]:
-        """Tokens observed so far; safe to call from the event loop while the program runs."""
-        tracker = self.usage_tracker
-        if tracker is None:
-            return {}
-        for _ in range(3):  # the program's thread may add an entry while we sum them
-            try:
-                return normalize_usage(tracker.get_total_tokens())
-            except RuntimeError:
-                continue
-        return {}
-
-    def check_stop(self) -> None:
-        if self.stop.is_set():
-            raise TurnStopped("the Turn was stopped")
-
-    def action_started(self, call_id: str) -> None:
-        self.check_stop()
-        self.finish_step()
-        self.action_calls.add(call_id)
-        self.pending_cell = False
-        self.iteration += 1
-        self.step_open = True
-        self.emit(IterationStarted(run_id=self.run_id, iteration=self.iteration))
-
-    def action_finished(self, call_id: str, outputs: Any) -> None:
-        if call_id not in self.action_calls or outputs is None:
-            return
-        self.action_calls.discard(call_id)
-        reasoning = getattr(outputs, "reasoning", None)
-        if reasoning:
-            part = f"reasoning-{self.iteration}"
-            self.emit(Reasoning(run_id=self.run_id, part_id=part, text=str(reasoning)))
-        self.pending_cell = True
-
-    def cell_started(self, code: str) -> str | None:
-        """The id of the cell the model asked for, or None for DSPy's own setup code."""
-        if not self.pending_cell:
-            return None
-        self.pending_cell = False
-        call_id = f"cell-{self.iteration}"
-        self.emit(CodeCell(run_id=self.run_id, call_id=call_id, code=code))
-        return call_id
-
-    def cell_finished(self, call_id: str, stdout: str, truncated: bool, error: str | None) -> None:
-        self.emit(
-            CellOutput(run_id=self.run_id, call_id=call_id, stdout=stdout, truncated=truncated, error=error)
-        )
-        self.finish_step()
-
-    def finish_step(self) -> None:
-        if self.step_open:
-            self.step_open = False
-            self.emit(IterationFinished(run_id=self.run_id, iteration=self.iteration))
-
-    def max_iters_reached(self, max_iters: int) -> None:
-        """The answer that follows is DSPy's extract fallback: said so, once, before it."""
-        self.finish_step()
-        message = (
-            f"the RLM used all {max_iters} iterations without SUBMIT; the answer below was "
-            "extracted from its work so far (rlm.max_iters)"
-        )
-        self.emit(Warning(run_id=self.run_id, code="max_iters", message=message))
-
-    def warn_budget_once(self) -> None:
-        if not self.budget_warned:
-            self.budget_warned = True
-            message = f"the Turn used its {self.max_llm_calls} sub-LM calls; later calls were refused"
-            self.emit(Warning(run_id=self.run_id, code="llm_budget_exhausted", message=message))
-
-    def wrap_lm_tool(self, name: str, tool: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(tool)  # keeps the signature: the sandbox maps positional args by it
-        def observed(**kwargs: Any) -> Any:
-            self.check_stop()
-            prompts = kwargs.get("prompts")
-            needed = len(prompts) if isinstance(prompts, list) else 1
-            if self.charged + needed > self.max_llm_calls:
-                self.warn_budget_once()
-                return tool(**kwargs)  # DSPy refuses it and tells the cell why; no events each
-            self.charged += needed
-            self.lm_calls += 1
-            call_id = f"{name}-{self.iteration}-{self.lm_calls}"
-            self.emit(lm_query_started(self.run_id, call_id, name, kwargs))
-            try:
-                result = tool(**kwargs)
-            except Exception as exc:
-                self.emit(LMQueryFinished(run_id=self.run_id, call_id=call_id, error=str(exc)))
-                raise
-            self.emit(lm_query_finished(self.run_id, call_id, result, self.max_output_chars))
-            return result
-
-        return observed
-
-
-def lm_query_started(run_id: str, call_id: str, name: str, kwargs: dict[str, Any]) -> LMQueryStarted:
-    prompts = kwargs.get("prompts")
-    if isinstance(prompts, list):
-        return LMQueryStarted(run_id=run_id, call_id=call_id, tool=name, prompt_count=len(prompts))  # type: ignore[arg-type]
-    prompt = str(kwargs.get("prompt", ""))[:PROMPT_PREVIEW_CHARS]
-    return LMQueryStarted(run_id=run_id, call_id=call_id, tool=name, prompt=prompt)  # type: ignore[arg-type]
-
-
-def lm_query_finished(run_id: str, call_id: str, result: Any, cap: int) -> LMQueryFinished:
-    if isinstance(result, list):
-        return LMQueryFinished(run_id=run_id, call_id=call_id, texts=[str(t)[:cap] for t in result])
-    return LMQueryFinished(run_id=run_id, call_id=call_id, text=str(result)[:cap])
+# --- DSPy callbacks -----------------------------------------------------------------------------
 
 
 class DspyCallbacks(BaseCallback):
-    """Public DSPy callbacks: the root action predictor marks iteration boundaries."""
+    """Public DSPy callbacks: the root action predictor marks iteration boundaries, and each call
+    of the RLM's own LM (its actions, the extract fallback) is charged to its budget."""
 
-    def __init__(self, observer: TurnObserver, program: dspy.RLM) -> None:
+    def __init__(self, observer: TurnObserver, program: dspy.RLM, lm: dspy.LM) -> None:
         self.observer = observer
         self.program = program
+        self.lm = lm
 
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         if instance is self.program.generate_action:
@@ -265,6 +152,8 @@ class DspyCallbacks(BaseCallback):
 
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         self.observer.check_stop()
+        if instance is self.lm:  # sub-LM calls were admitted by their tool, before the call
+            self.observer.budget.charge(1)
 
 
 # --- the sandbox as a dspy CodeInterpreter ------------------------------------------------------
@@ -279,6 +168,10 @@ class SandboxInterpreter:
         self.tool_table: dict[str, Callable[..., Any]] = {}
         self.output_fields: list[dict[str, Any]] | None = None
 
+    @classmethod
+    def on(cls, factory: Callable[[], Repl], observer: TurnObserver) -> SandboxInterpreter:
+        return cls(factory(), observer)
+
     @property
     def tools(self) -> dict[str, Callable[..., Any]]:
         return self.tool_table
@@ -291,11 +184,11 @@ class SandboxInterpreter:
 
     def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
         self.observer.check_stop()
+        if variables and FACADE_SETUP_VARIABLE in variables:
+            # DSPy then runs without sandboxed sub-agents, and its prompt does not offer them.
+            raise CodeExecutionError("fleet does not bridge dspy sub-agents into the sandbox")
         call_id = self.observer.cell_started(code)
-        tools = {
-            name: self.observer.wrap_lm_tool(name, tool) if name in LM_TOOLS else tool
-            for name, tool in self.tool_table.items()
-        }
+        tools = self.observer.lm_tools(self.tool_table)
         fields = [f["name"] for f in self.output_fields] if self.output_fields else None
         try:
             result = self.session.execute(code, variables or {}, tools, fields)
@@ -351,38 +244,44 @@ def run_program(
     request: str,
     history: list[dict[str, str]],
     attachments: list[str] | None = None,
+    skills: list[str] | None = None,
     root_lm: dspy.LM,
     sub_lm: dspy.LM,
     limits: ProgramLimits,
     observer: TurnObserver,
     interpreter_factory: Callable[[], Repl],
+    tools: list[Callable[..., Any]] | None = None,
 ) -> ProgramResult:
-    """Run one fresh dspy.RLM to completion, synchronously (the caller puts it in a thread)."""
+    """Run one fresh dspy.RLM to completion, synchronously (the caller puts it in a thread).
+    `tools` holds `rlm_query` when child RLMs are enabled."""
     program = dspy.RLM(
         TurnSignature,
         max_iters=limits.max_iters,
         max_llm_calls=limits.max_llm_calls,
         max_output_chars=limits.max_output_chars,
         sub_lm=sub_lm,
+        tools=tools or None,
     )
-
-    def factory() -> SandboxInterpreter:
-        return SandboxInterpreter(interpreter_factory(), observer)
-
-    callbacks = [DspyCallbacks(observer, program)]
     # trace=[] and disable_history=True: DSPy would otherwise append every predictor call to the
     # process-wide dspy.settings.trace and every LM call to the global LM history (10,000 entries
     # each), keeping each Turn's signature classes, prompts and predictions alive.
     with (
-        dspy.context(lm=root_lm, callbacks=callbacks, track_usage=True, trace=[], disable_history=True),
+        dspy.context(
+            lm=root_lm,
+            callbacks=[DspyCallbacks(observer, program, root_lm)],
+            track_usage=True,
+            trace=[],
+            disable_history=True,
+        ),
         dspy.track_usage() as tracker,
     ):
         observer.usage_tracker = tracker
         prediction = program(
             request=request,
             history=dspy.History(messages=history),
+            skills=skills or [],
             attachments=attachments or [],
-            interpreter_factory=factory,
+            interpreter_factory=functools.partial(SandboxInterpreter.on, interpreter_factory, observer),
         )
     observer.finish_step()
     return ProgramResult(
@@ -392,14 +291,38 @@ def run_program(
     )
 
 
-def normalize_usage(raw: dict[str, Any]) -> dict[str, dict[str, int]]:
-    return {
-        model: {
-            "prompt_tokens": int((entry or {}).get("prompt_tokens") or 0),
-            "completion_tokens": int((entry or {}).get("completion_tokens") or 0),
-        }
-        for model, entry in raw.items()
-    }
+def run_child_program(
+    *,
+    task: str,
+    root_lm: dspy.LM,
+    sub_lm: dspy.LM,
+    limits: ProgramLimits,
+    observer: TurnObserver,
+    interpreter_factory: Callable[[], Repl],
+) -> str:
+    """One child RLM, on the thread of the parent's `rlm_query`: no tools (so no grandchildren),
+    its own callbacks, and the parent's usage tracker (its tokens are the Turn's)."""
+    program = dspy.RLM(
+        ChildSignature,
+        max_iters=limits.max_iters,
+        max_llm_calls=limits.max_llm_calls,
+        max_output_chars=limits.max_output_chars,
+        sub_lm=sub_lm,
+    )
+    callbacks = [DspyCallbacks(observer, program, root_lm)]
+    with dspy.context(lm=root_lm, callbacks=callbacks, trace=[], disable_history=True):
+        prediction = program(
+            task=task,
+            interpreter_factory=functools.partial(SandboxInterpreter.on, interpreter_factory, observer),
+        )
+    return str(prediction.answer)
+
+
+def describe_batch_failure(exc: Exception) -> str:
+    """One failed prompt of `llm_query_batched`, as the text in its place (LM errors only)."""
+    if isinstance(exc, dspy.LMError):
+        return lm_error_message(exc)
+    raise exc
 
 
 def is_lm_error(exc: BaseException) -> bool:

@@ -89,9 +89,9 @@ def usage_event(run_id: str, outcome: Outcome, duration_ms: int) -> Usage:
     )
 
 
-def terminal_event(run_id: str, outcome: Outcome, duration_ms: int) -> RunEvent:
+def terminal_event(run_id: str, outcome: Outcome, duration_ms: int, checkpoint_version: int = 0) -> RunEvent:
     if outcome.command is RunCommand.COMPLETE:
-        return RunCompleted(run_id=run_id, duration_ms=duration_ms)
+        return RunCompleted(run_id=run_id, duration_ms=duration_ms, checkpoint_version=checkpoint_version)
     if outcome.command is RunCommand.CANCEL:
         return RunCancelled(run_id=run_id)
     return RunFailed(

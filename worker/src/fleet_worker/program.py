@@ -13,15 +13,19 @@ import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fleet_shared.config import ResolvedLM, Settings
 from fleet_worker import dspy_adapter
+from fleet_worker.budget import CallBudget
+from fleet_worker.children import ChildPolicy, ChildRunner
 from fleet_worker.errors import LeaseLost, TurnCancelled, TurnTimedOut
 from fleet_worker.lease import RunLease
 from fleet_worker.lm.script import Script, ScriptCursor, load_script
+from fleet_worker.observer import TurnObserver
 from fleet_worker.outcome import Outcome
 from fleet_worker.publisher import EventSink
-from fleet_worker.sandbox.provider import SandboxLease
+from fleet_worker.sandbox.provider import SandboxLease, SandboxProvider
 
 CANCEL_GRACE_SECONDS = 1.0  # a cancelled program gets this long to stop before the Turn settles
 STOP_GRACE_SECONDS = 5.0
@@ -34,8 +38,9 @@ class ProgramRun:
     future: asyncio.Future[dspy_adapter.ProgramResult]
     started: asyncio.Event
     stop: threading.Event
-    observer: dspy_adapter.TurnObserver
+    observer: TurnObserver
     sandbox: SandboxLease
+    children: ChildRunner | None = None
     started_at: float = field(default=0.0)
 
 
@@ -47,33 +52,56 @@ def start_program(
     request: str,
     history: list[dict[str, str]],
     attachments: list[str],
+    skills: list[str],
     sandbox: SandboxLease,
+    provider: SandboxProvider,
     sink: EventSink,
 ) -> ProgramRun:
     loop = asyncio.get_running_loop()
     stop = threading.Event()
     started = asyncio.Event()
     rlm = settings.profile.rlm
-    observer = dspy_adapter.TurnObserver(
+    observer = TurnObserver(
         emit=sink.emit_threadsafe,
         run_id=sink.sequencer.run_id,
         stop=stop,
         max_output_chars=rlm.max_output_chars,
-        max_llm_calls=rlm.max_llm_calls,
+        budget=CallBudget(rlm.max_llm_calls),
+        batch_concurrency=rlm.batch_concurrency,
+        describe_failure=dspy_adapter.describe_batch_failure,
     )
     root_cursor, sub_cursor = cursors(scripts, settings)
+    children = None
+    if rlm.recursion:
+        policy = ChildPolicy(
+            max_children=rlm.max_children,
+            max_iters=rlm.child_max_iters,
+            max_llm_calls=rlm.child_max_llm_calls,
+            max_output_chars=rlm.max_output_chars,
+            batch_concurrency=rlm.batch_concurrency,
+        )
+
+        def child_lms() -> tuple[Any, Any]:
+            return (
+                dspy_adapter.build_lm(settings.root_lm, "child", root_cursor, stop),
+                dspy_adapter.build_lm(settings.sub_lm, "sub", sub_cursor, stop),
+            )
+
+        children = ChildRunner(provider, observer.budget, observer, policy, child_lms)
     call = functools.partial(
         dspy_adapter.run_program,
         request=request,
         history=history,
         attachments=attachments,
+        skills=skills,
         root_lm=dspy_adapter.build_lm(settings.root_lm, "root", root_cursor, stop),
         sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", sub_cursor, stop),
         limits=dspy_adapter.ProgramLimits(rlm.max_iters, rlm.max_llm_calls, rlm.max_output_chars),
         observer=observer,
         interpreter_factory=sandbox.interpreter_factory,
+        tools=[children.tool()] if children is not None else None,
     )
-    run = ProgramRun(asyncio.Future(), started, stop, observer, sandbox)
+    run = ProgramRun(asyncio.Future(), started, stop, observer, sandbox, children)
 
     def on_thread() -> dspy_adapter.ProgramResult:
         loop.call_soon_threadsafe(mark_started, run, loop)
@@ -132,6 +160,8 @@ async def stop_program(run: ProgramRun, sink: EventSink, sandbox_ops: Executor, 
         run.future.cancel()  # still waiting for a thread: it never starts
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(sandbox_ops, run.sandbox.interrupt)
+    if run.children is not None:
+        await loop.run_in_executor(sandbox_ops, run.children.interrupt)
     await asyncio.wait({run.future}, timeout=grace)
     sink.accepting_thread_events = False
 

@@ -9,6 +9,7 @@ from collections.abc import Coroutine
 from concurrent.futures import Executor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_shared.blobs import BlobStore
+from fleet_shared.checkpoint import next_task
 from fleet_shared.config import Settings
 from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Session
@@ -41,6 +43,7 @@ from fleet_worker.workspace_io import (
     ArtifactLimits,
     collect_artifacts,
     stage_attachments,
+    stage_skills,
     stamp_limit,
 )
 
@@ -74,6 +77,8 @@ class Claim:
     attempt: int
     user_sequence: int
     started: float
+    checkpoint_version: int = 0  # the session's task checkpoint as this Run found it
+    task: dict[str, Any] | None = None
 
 
 @dataclass
@@ -85,6 +90,7 @@ class Turn:
     sink: EventSink
     program: ProgramRun | None = None
     sandbox: SandboxLease | None = None
+    request: str = ""  # the user's text, once loaded
     artifacts_before: dict[str, FileStamp] = field(default_factory=dict)  # what was there before
 
 
@@ -140,6 +146,8 @@ async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:
             attempt=run.attempt,
             user_sequence=run.user_sequence,
             started=time.monotonic(),
+            checkpoint_version=session.checkpoint_version,
+            task=session.task,
         )
 
 
@@ -178,6 +186,7 @@ class Prepared:
     request: str
     history: list[dict[str, str]]
     attachments: list[str]  # how the RLM is told about the staged files
+    skills: list[str]  # the selected skill cards, as given to the RLM
     sandbox: SandboxLease
 
 
@@ -192,6 +201,7 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
         max_turns=rlm.max_history_turns,
         max_chars=rlm.max_history_chars,
     )
+    turn.request = conversation.request
     if conversation.truncated:
         message = (
             f"the RLM sees only the last {rlm.max_history_turns} Turns of this session, "
@@ -212,11 +222,14 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
     described = await loop.run_in_executor(
         deps.sandbox_ops, stage_attachments, deps.blobs, sandbox, conversation.attachments, turn.sink
     )
+    skills = await loop.run_in_executor(
+        deps.sandbox_ops, stage_skills, sandbox, conversation.skills, turn.sink
+    )
     limit = stamp_limit(deps.settings.profile.storage.max_artifacts_per_run)
     turn.artifacts_before = await loop.run_in_executor(
         deps.sandbox_ops, sandbox.files.stamps, ARTIFACTS, limit
     )
-    return Prepared(conversation.request, conversation.history, described, sandbox)
+    return Prepared(conversation.request, conversation.history, described, skills, sandbox)
 
 
 async def execute(deps: WorkerDeps, turn: Turn, prepared: Prepared) -> Outcome:
@@ -232,7 +245,9 @@ async def execute(deps: WorkerDeps, turn: Turn, prepared: Prepared) -> Outcome:
         request=prepared.request,
         history=prepared.history,
         attachments=prepared.attachments,
+        skills=prepared.skills,
         sandbox=prepared.sandbox,
+        provider=deps.sandboxes,
         sink=turn.sink,
     )
     timeout = settings.profile.runtime.turn_timeout_seconds
@@ -255,6 +270,7 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
     if sink.broken and outcome.command is RunCommand.COMPLETE:
         message = f"the Turn's events could not be published ({sink.broken})"
         outcome = Outcome(RunCommand.FAIL, "failed", failure_code="sandbox_error", failure_message=message)
+    await report_children(deps, turn)
     if outcome.command is not RunCommand.CANCEL:
         outcome = await keep_artifacts(deps, turn, outcome)
     if outcome.answer is not None:
@@ -263,7 +279,8 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
         )
     usage = usage_event(claim.run_id, outcome, duration_ms)
     sink.emit(usage)
-    terminal = sink.stamp_terminal(terminal_event(claim.run_id, outcome, duration_ms))
+    version = claim.checkpoint_version + 1
+    terminal = sink.stamp_terminal(terminal_event(claim.run_id, outcome, duration_ms, version))
     cancelled = outcome.command is RunCommand.CANCEL
     settlement = runs.Settlement(
         run_id=claim.run_id,
@@ -278,6 +295,8 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
         usage=usage_payload(usage),
         failure_code=outcome.failure_code,
         failure_message=outcome.failure_message,
+        task=next_checkpoint(turn, outcome),
+        checkpoint_version=version,
     )
     try:
         committed = await commit_with_retry(deps.sessions, settlement, deadline=settle_deadline(deps, turn))
@@ -292,6 +311,33 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
         return "fenced"
     await sink.finish(within=PUBLISH_TERMINAL_SECONDS)
     return settlement.turn_status
+
+
+def next_checkpoint(turn: Turn, outcome: Outcome) -> dict[str, Any]:
+    claim = turn.claim
+    if outcome.answer is not None:
+        said = outcome.answer
+    else:
+        said = outcome.failure_message or outcome.failure_code or outcome.turn_status
+    return next_task(
+        claim.task,
+        sequence=claim.user_sequence,
+        run_id=claim.run_id,
+        request=turn.request,
+        status=outcome.turn_status,
+        outcome=said,
+        at=datetime.now(UTC).isoformat(),
+    )
+
+
+async def report_children(deps: WorkerDeps, turn: Turn) -> None:
+    """Every child RLM's end and cleanup is reported, also when its thread was abandoned."""
+    children = turn.program.children if turn.program is not None else None
+    if children is None:
+        return
+    loop = asyncio.get_running_loop()
+    for event in await loop.run_in_executor(deps.sandbox_ops, children.settle):
+        turn.sink.emit(event)
 
 
 async def keep_artifacts(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> Outcome:
@@ -328,6 +374,8 @@ def commit_failed(settlement: runs.Settlement, terminal: RunEvent) -> runs.Settl
         events=[failed],
         failure_code="commit_failed",
         failure_message=message,
+        task=None,
+        checkpoint_version=None,
     )
 
 

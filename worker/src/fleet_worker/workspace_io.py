@@ -15,14 +15,14 @@ import mimetypes
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
 import structlog
 
 from fleet_shared.blobs import BlobMissing, BlobStore
-from fleet_shared.events import ArtifactCreated, AttachmentStaged, Warning
+from fleet_shared.events import ArtifactCreated, AttachmentStaged, SkillUsed, Warning
 from fleet_shared.ids import new_id
-from fleet_worker.conversation import AttachmentRef
+from fleet_worker.conversation import AttachmentRef, SkillRef
 from fleet_worker.errors import TurnFailed
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.provider import FileStamp, SandboxLease
@@ -30,6 +30,8 @@ from fleet_worker.sandbox.provider import FileStamp, SandboxLease
 log = structlog.get_logger(__name__)
 ARTIFACTS = "artifacts"
 ATTACHMENTS = "attachments"
+SKILLS = "skills"
+SKILL_PROMPT_CHARS = 8000  # of a card's body given inline; the whole card is in skills/
 MAX_NAME_CHARS = 1024
 
 
@@ -103,6 +105,40 @@ def stage_attachments(
             f"/workspace/{ATTACHMENTS}/{name} ({attachment.media_type}, {attachment.byte_size} bytes)"
         )
     return described
+
+
+def stage_skills(lease: SandboxLease, skills: list[SkillRef], sink: EventSink) -> list[str]:
+    """Write each selected skill card to skills/<id>.md (blocking), announcing it `activated`
+    then `loaded`; the cards as the RLM is given them."""
+    given = []
+    run_id = sink.sequencer.run_id
+    for skill in skills:
+        sink.emit_threadsafe(skill_event(run_id, skill, "activated"))
+        card = f"# {skill.name} (version {skill.version})\n\n{skill.description}\n\n{skill.body}"
+        with tempfile.NamedTemporaryFile(prefix="fleet-skill-", mode="w", encoding="utf-8") as copy:
+            copy.write(card)
+            copy.flush()
+            try:
+                lease.files.put(f"{SKILLS}/{skill.id}.md", Path(copy.name))
+            except OSError:
+                raise TurnFailed(
+                    f"skill {skill.id} could not be written to skills/{skill.id}.md: something of that "
+                    "name is in the way in the workspace (a folder?); remove it and send again",
+                    code="skill_unavailable",
+                ) from None
+        sink.emit_threadsafe(skill_event(run_id, skill, "loaded"))
+        body = skill.body
+        if len(body) > SKILL_PROMPT_CHARS:
+            body = body[:SKILL_PROMPT_CHARS] + f"\n[... the rest is in /workspace/{SKILLS}/{skill.id}.md]"
+        given.append(
+            f"{skill.name} (version {skill.version}, /workspace/{SKILLS}/{skill.id}.md): "
+            f"{skill.description}\n\n{body}"
+        )
+    return given
+
+
+def skill_event(run_id: str, skill: SkillRef, phase: Literal["activated", "loaded"]) -> SkillUsed:
+    return SkillUsed(run_id=run_id, skill_id=skill.id, name=skill.name, version=skill.version, phase=phase)
 
 
 def stamp_limit(max_count: int) -> int:

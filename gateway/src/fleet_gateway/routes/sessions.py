@@ -1,4 +1,4 @@
-"""Sessions: create, list, read."""
+"""Sessions: create, list, read, and the task checkpoint."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import ApiError, not_found
-from fleet_gateway.schemas import MAX_INT32, NO_NUL, CreateSession, SessionOut, SessionPage
+from fleet_gateway.schemas import MAX_INT32, NO_NUL, CreateSession, SessionOut, SessionPage, TaskOut
 from fleet_gateway.streaming import iso
 from fleet_shared.db import queries
 from fleet_shared.db.models import Session
@@ -56,3 +56,8 @@ class SessionController(Controller):
     @get("/{session_id:str}")
     async def get_session(self, db: NamedDependency[AsyncSession], session_id: FromPath[str]) -> SessionOut:
         return SessionOut.of(await load_session(db, session_id), iso)
+
+    @get("/{session_id:str}/task")
+    async def get_task(self, db: NamedDependency[AsyncSession], session_id: FromPath[str]) -> TaskOut:
+        """The bounded goal-and-progress checkpoint, as the last commit wrote it (docs/rlm.md)."""
+        return TaskOut.of(await load_session(db, session_id))

@@ -18,9 +18,10 @@ from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
-from fleet_shared.db import files, queries
-from fleet_shared.db.models import Attachment, Run
+from fleet_shared.db import files, queries, skills
+from fleet_shared.db.models import Attachment, Run, Skill
 from fleet_shared.run_state import is_terminal
+from fleet_shared.skills import SKILL_ID
 
 log = structlog.get_logger(__name__)
 
@@ -52,15 +53,34 @@ async def check_attachments(db: AsyncSession, data: TurnRequest, limit: int) -> 
     return found
 
 
+async def check_skills(db: AsyncSession, data: TurnRequest) -> list[Skill]:
+    """The selected skills, each known, none twice, each at the version the client expects (when
+    it says one): checked before the stream opens, so a refusal leaves no Run behind."""
+    ids = [selection.id for selection in data.skill_selections]
+    for skill_id in ids:
+        if ids.count(skill_id) > 1:
+            raise invalid_skill(f"skill {skill_id!r} is selected twice")
+    well_formed = [skill_id for skill_id in ids if SKILL_ID.fullmatch(skill_id)]  # others name none
+    found = {skill.id: skill for skill in await skills.get_skills(db, well_formed)}
+    for selection in data.skill_selections:
+        skill = found.get(selection.id)
+        if skill is None:
+            raise invalid_skill(f"unknown skill {selection.id!r}")
+        if selection.expected_version is not None and selection.expected_version != skill.version:
+            raise invalid_skill(
+                f"skill {selection.id!r} is at version {skill.version!r}, "
+                f"not {selection.expected_version!r}: read it again and retry"
+            )
+    return [found[skill_id] for skill_id in ids]
+
+
+def invalid_skill(problem: str) -> ApiError:
+    return ApiError(422, "invalid_skill_selection", f"skill_selections: {problem}")
+
+
 def check_request(data: TurnRequest, max_text_chars: int) -> None:
     if len(data.text) > max_text_chars:
         raise ApiError(422, "validation_error", f"text: at most {max_text_chars} characters")
-    if data.skill_selections:
-        raise ApiError(
-            422,
-            "validation_error",
-            f"skill_selections: unknown skill {data.skill_selections[0].id!r}",
-        )
 
 
 class TurnController(Controller):
@@ -81,6 +101,7 @@ class TurnController(Controller):
         session_id = (await load_session(db, session_id)).id
         limit = gw.settings.profile.storage.max_attachments_per_turn
         attachments = await check_attachments(db, data, limit)
+        selected = await check_skills(db, data)
         outcome = await queries.claim_turn(
             db,
             session_id=session_id,
@@ -89,6 +110,7 @@ class TurnController(Controller):
             text=data.text,
             model=gw.settings.root_lm.name,
             attachments=attachments,
+            skills=selected,
         )
         if isinstance(outcome, queries.ClaimRefused):
             raise refusal(outcome)

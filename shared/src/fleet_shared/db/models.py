@@ -39,6 +39,10 @@ class Session(Base):
     status: Mapped[str] = mapped_column(String(16), default="active", index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    # The task checkpoint: a bounded goal-and-progress record, replaced with each commit;
+    # the version counts those replacements (0: none yet).
+    checkpoint_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    task: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class Run(Base):
@@ -131,3 +135,19 @@ class Artifact(Base):
     byte_size: Mapped[int] = mapped_column(BigInteger)
     checksum_sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Skill(Base):
+    """A skill card: guidance a Turn may select, given to the RLM. Seeded from `config/skills/`;
+    a card whose file was removed keeps its row, so Turns that name it still work."""
+
+    __tablename__ = "skills"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # the card file's stem
+    name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[str] = mapped_column(String(100))
+    description: Mapped[str] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text)
+    digest: Mapped[str] = mapped_column(String(64))  # sha256 of the card file: changed → re-seeded
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

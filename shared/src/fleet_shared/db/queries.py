@@ -11,13 +11,14 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from fleet_shared.db.models import Attachment, Run, RunEventRow, Session, Turn, Workspace
+from fleet_shared.db.models import Attachment, Run, RunEventRow, Session, Skill, Turn, Workspace
 from fleet_shared.events import (
     RunEvent,
     decode_event,
 )
 from fleet_shared.ids import new_id
 from fleet_shared.run_state import ACTIVE_STATUSES, RunStatus
+from fleet_shared.skills import selected_skill_part
 from fleet_shared.transcript import attachment_part
 
 
@@ -59,11 +60,15 @@ async def list_sessions(
     if status:
         query = query.where(Session.status == status)
     if search:
-        pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        query = query.where(Session.title.ilike(pattern, escape="\\"))
+        query = query.where(Session.title.ilike(contains_pattern(search), escape="\\"))
     total = await db.scalar(select(func.count()).select_from(query.subquery()))
     rows = await db.scalars(query.order_by(Session.created_at.desc(), Session.id).limit(limit).offset(offset))
     return rows.all(), int(total or 0)
+
+
+def contains_pattern(text: str) -> str:
+    """A LIKE pattern (escape character `\\`) that matches `text` anywhere, taken literally."""
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 # --- claiming a Turn (gateway) ----------------------------------------------------------------
@@ -98,9 +103,11 @@ async def claim_turn(
     text: str,
     model: str,
     attachments: Sequence[Attachment] = (),
+    skills: Sequence[Skill] = (),
 ) -> Claimed | ClaimRefused:
     """In one transaction: honour the key, insert the queued Run and the user Turn (its text,
-    then one `data-attachment` part per attachment: the worker stages them from there)."""
+    then one `data-attachment` part per attachment and one `data-skill` part per selected skill:
+    the worker stages and loads them from there)."""
     outcome = await existing_outcome(db, session_id, idempotency_key, fingerprint)
     if outcome is not None:
         return outcome
@@ -130,6 +137,7 @@ async def claim_turn(
             parts=[
                 {"type": "text", "text": text},
                 *(attachment_part(a.id, a.filename, a.byte_size) for a in attachments),
+                *(selected_skill_part(skill) for skill in skills),
             ],
             status="completed",
             created_at=stamp,

@@ -14,7 +14,7 @@ import msgspec
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from fleet_shared.db.models import Artifact, Run, RunEventRow, Turn
+from fleet_shared.db.models import Artifact, Run, RunEventRow, Session, Turn
 from fleet_shared.db.queries import get_run, now
 from fleet_shared.events import ArtifactCreated, RunCancelled, RunEvent, RunFailed, encode_event, event_type
 from fleet_shared.ids import new_id
@@ -151,6 +151,9 @@ class Settlement(msgspec.Struct, frozen=True, kw_only=True):
     usage: dict[str, Any] | None = None
     failure_code: str | None = None
     failure_message: str | None = None
+    # The session's next task checkpoint and its version (fleet_shared.checkpoint), if any.
+    task: dict[str, Any] | None = None
+    checkpoint_version: int | None = None
 
 
 async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
@@ -201,6 +204,12 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
                 }
                 for e in artifacts
             ],
+        )
+    if s.task is not None and s.checkpoint_version is not None:
+        await db.execute(
+            update(Session)
+            .where(Session.id == s.session_id)
+            .values(task=s.task, checkpoint_version=s.checkpoint_version)
         )
     if s.events:
         await db.execute(

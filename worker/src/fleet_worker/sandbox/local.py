@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 import tempfile
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from fleet_worker.sandbox.jail import (
     unisolated_command,
 )
 from fleet_worker.sandbox.pool import WarmPool
+from fleet_worker.sandbox.provider import ScratchLease
 from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.sandbox.syscalls import build_filter
 from fleet_worker.sandbox.workspace import (
@@ -62,6 +65,13 @@ def stage_driver() -> Path:
     shutil.copyfile(DRIVER_SOURCE, target)
     target.chmod(0o444)
     return target
+
+
+def remove_tree(folder: Path) -> None:
+    """A scratch workspace, gone; raises if it could not be (the child reports `failed`)."""
+    shutil.rmtree(folder)
+    if folder.exists():
+        raise OSError(f"scratch workspace {folder.name} is still there")
 
 
 class LocalSandboxLease:
@@ -236,6 +246,21 @@ class LocalSandboxProvider:
         assert self._isolation is not None
         return self._lease(self.workspaces / workspace_id, run_id, self._isolation)
 
+    def acquire_scratch(self, run_id: str) -> ScratchLease:
+        """A child RLM's sandbox: a new empty folder beside the workspaces (so it gets a uid of
+        its own), never pooled, removed at release."""
+        if self.workspaces is None:
+            raise SandboxError("the workspace cannot be placed (no workspaces folder)")
+        self.check()
+        assert self._isolation is not None
+        folder = self.workspaces / f"scratch-{uuid.uuid4().hex}"
+        try:
+            lease = self._lease(folder, run_id, self._isolation, pooled=False)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return ScratchLease(lease, functools.partial(remove_tree, folder))
+
     def _settle(self) -> Isolation:
         python = resolve_python(self._cfg)
         if not os.access(python, os.X_OK):
@@ -292,7 +317,9 @@ class LocalSandboxProvider:
             shutil.rmtree(workspace, ignore_errors=True)
         return None
 
-    def _lease(self, workspace: Path, run_id: str, isolation: Isolation) -> LocalSandboxLease:
+    def _lease(
+        self, workspace: Path, run_id: str, isolation: Isolation, *, pooled: bool = True
+    ) -> LocalSandboxLease:
         workspace = workspace.resolve()
         HOST_PATHS.add(workspace.parent)
         prepare_layout(workspace)
@@ -342,7 +369,7 @@ class LocalSandboxProvider:
             cfg=self._cfg,
             caps=self._caps,
             isolated=isolation.bwrap is not None,
-            pool=self._pool if run_id != PROBE_RUN else None,
+            pool=self._pool if pooled and run_id != PROBE_RUN else None,
         )
 
     def _staged_driver(self) -> Path:

@@ -108,6 +108,45 @@ class SandboxProvider(Protocol):
         session `session_id` (providers that keep a sandbox per session label it so)."""
         ...
 
+    def acquire_scratch(self, run_id: str) -> SandboxLease:
+        """A sandbox of its own with an empty, throwaway workspace (no session volume), for a
+        child RLM of the Run `run_id`; its release removes it all."""
+        ...
+
     def close(self) -> None:
         """The worker is stopping: free whatever is kept warm."""
         ...
+
+
+class ScratchLease:
+    """A lease whose release also throws away what backed it (a child RLM's sandbox)."""
+
+    def __init__(self, inner: SandboxLease, discard: Callable[[], None]) -> None:
+        self.inner = inner
+        self.discard = discard
+        self.released = False
+
+    @property
+    def run_id(self) -> str:
+        return self.inner.run_id
+
+    @property
+    def files(self) -> WorkspaceFiles:
+        return self.inner.files
+
+    def interpreter_factory(self) -> Repl:
+        return self.inner.interpreter_factory()
+
+    def interrupt(self) -> None:
+        self.inner.interrupt()
+
+    def release(self) -> None:
+        """Idempotent; may raise when the throwaway parts could not be removed (reported)."""
+        if self.released:
+            return
+        self.released = True
+        self.inner.retire()
+        self.discard()
+
+    def retire(self) -> None:
+        self.release()

@@ -40,6 +40,7 @@ from fleet_worker.sandbox.daytona.errors import run_failure
 from fleet_worker.sandbox.daytona.files import DaytonaWorkspaceFiles
 from fleet_worker.sandbox.errors import SandboxUnavailable
 from fleet_worker.sandbox.jail import DRIVER_SOURCE, OUTPUT_FD_PLACEHOLDER, LaunchSpec
+from fleet_worker.sandbox.provider import ScratchLease
 from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.sandbox.workspace import WORKSPACE_DIRS
 
@@ -48,6 +49,7 @@ WORKSPACE_MOUNT = "/workspace"
 DRIVER_DIR = "/tmp/fleet-repl"
 BRIDGE_SOURCE = Path(__file__).resolve().parents[1] / "repl_bridge.py"
 LABEL_DEPLOYMENT, LABEL_SESSION, LABEL_RUN = "fleet.deployment", "fleet.session", "fleet.run"
+LABEL_CHILD = "fleet.child"  # a child RLM's throwaway sandbox
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,28 @@ class DaytonaSandboxProvider:
         except DaytonaError as exc:
             log.warning("daytona.acquire_failed", doing=doing, error_type=type(exc).__name__)
             raise run_failure(exc, snapshot=self.cfg.snapshot, doing=doing) from None
+
+    def acquire_scratch(self, run_id: str) -> ScratchLease:
+        """A child RLM's sandbox: a new one from the snapshot with no volume, labelled with the
+        parent Run (so the sweep finds it if a worker dies), deleted at release."""
+        labels = {LABEL_DEPLOYMENT: self.cfg.deployment, LABEL_RUN: run_id, LABEL_CHILD: "1"}
+        params = CreateSandboxFromSnapshotParams(
+            snapshot=self.cfg.snapshot,
+            labels=labels,
+            network_block_all=True,
+            auto_stop_interval=self.cfg.auto_stop_minutes,
+            env_vars={},
+        )
+        doing = "creating the child RLM's sandbox"
+        try:
+            sandbox = self.client().create(params, timeout=self.cfg.create_timeout_seconds)
+            doing = "copying the REPL into the child's sandbox"
+            lease = self.lease_on(sandbox, run_id)
+        except DaytonaError as exc:
+            log.warning("daytona.acquire_failed", doing=doing, error_type=type(exc).__name__)
+            raise run_failure(exc, snapshot=self.cfg.snapshot, doing=doing) from None
+        # retire() deletes the sandbox: nothing more to throw away.
+        return ScratchLease(lease, lambda: None)
 
     def lease_on(self, sandbox: Any, run_id: str) -> DaytonaLease:
         """A lease on a started sandbox: the workspace layout made, the REPL copied in."""

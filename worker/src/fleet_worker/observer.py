@@ -1,0 +1,232 @@
+"""What DSPy and the sandbox report, turned into Runtime Events, and the REPL's LM tools metered
+by the Turn's one call budget (fleet_worker.budget). Runs on the RLM's thread; no dspy import."""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet_shared.events import (
+    CellOutput,
+    CodeCell,
+    IterationFinished,
+    IterationStarted,
+    LMQueryFinished,
+    LMQueryStarted,
+    Reasoning,
+    RunEvent,
+    Warning,
+)
+from fleet_worker.budget import CallBudget, LLMBudgetExhausted
+from fleet_worker.errors import TurnStopped
+
+PROMPT_PREVIEW_CHARS = 4000
+UNLIMITED = 1_000_000
+
+
+def raise_it(exc: Exception) -> str:
+    raise exc
+
+
+@dataclass
+class TurnObserver:
+    """One RLM's view of its Turn: events out, stop checks, and budgeted LM tools. A child RLM
+    has its own, `quiet` (only its progress is streamed) and on its budget slice."""
+
+    emit: Callable[[RunEvent], None]
+    run_id: str
+    stop: threading.Event
+    max_output_chars: int
+    budget: CallBudget = field(default_factory=lambda: CallBudget(UNLIMITED))
+    batch_concurrency: int = 4
+    # An LM failure of one batched prompt, as the text in its place (DSPy's own batched call
+    # does the same); anything else is raised. The adapter gives the scrubbed description.
+    describe_failure: Callable[[Exception], str] = raise_it
+    quiet: bool = False
+    iteration: int = 0
+    step_open: bool = False
+    pending_cell: bool = False
+    lm_calls: int = 0
+    budget_warned: bool = False
+    action_calls: set[str] = field(default_factory=set)
+    usage_tracker: Any = None  # dspy's UsageTracker for this Turn, once the program runs
+
+    def usage_snapshot(self) -> dict[str, dict[str, int]]:
+        """Tokens observed so far; safe to call from the event loop while the program runs."""
+        tracker = self.usage_tracker
+        if tracker is None:
+            return {}
+        for _ in range(3):  # the program's thread may add an entry while we sum them
+            try:
+                return normalize_usage(tracker.get_total_tokens())
+            except RuntimeError:
+                continue
+        return {}
+
+    def send(self, event: RunEvent) -> None:
+        if not self.quiet:
+            self.emit(event)
+
+    def check_stop(self) -> None:
+        if self.stop.is_set():
+            raise TurnStopped("the Turn was stopped")
+
+    def action_started(self, call_id: str) -> None:
+        self.check_stop()
+        self.finish_step()
+        self.action_calls.add(call_id)
+        self.pending_cell = False
+        self.iteration += 1
+        self.step_open = True
+        self.send(IterationStarted(run_id=self.run_id, iteration=self.iteration))
+
+    def action_finished(self, call_id: str, outputs: Any) -> None:
+        if call_id not in self.action_calls or outputs is None:
+            return
+        self.action_calls.discard(call_id)
+        reasoning = getattr(outputs, "reasoning", None)
+        if reasoning:
+            part = f"reasoning-{self.iteration}"
+            self.send(Reasoning(run_id=self.run_id, part_id=part, text=str(reasoning)))
+        self.pending_cell = True
+
+    def cell_started(self, code: str) -> str | None:
+        """The id of the cell the model asked for, or None for DSPy's own setup code."""
+        if not self.pending_cell:
+            return None
+        self.pending_cell = False
+        call_id = f"cell-{self.iteration}"
+        self.send(CodeCell(run_id=self.run_id, call_id=call_id, code=code))
+        return call_id
+
+    def cell_finished(self, call_id: str, stdout: str, truncated: bool, error: str | None) -> None:
+        self.send(
+            CellOutput(run_id=self.run_id, call_id=call_id, stdout=stdout, truncated=truncated, error=error)
+        )
+        self.finish_step()
+
+    def finish_step(self) -> None:
+        if self.step_open:
+            self.step_open = False
+            self.send(IterationFinished(run_id=self.run_id, iteration=self.iteration))
+
+    def max_iters_reached(self, max_iters: int) -> None:
+        """The answer that follows is DSPy's extract fallback: said so, once, before it."""
+        self.finish_step()
+        message = (
+            f"the RLM used all {max_iters} iterations without SUBMIT; the answer below was "
+            "extracted from its work so far (rlm.max_iters)"
+        )
+        self.send(Warning(run_id=self.run_id, code="max_iters", message=message))
+
+    def refuse(self, needed: int, what: str) -> LLMBudgetExhausted:
+        """The error the cell sees, after one `llm_budget_exhausted` warning per Turn."""
+        refusal = self.budget.refusal(needed, what)
+        if not self.budget_warned:
+            self.budget_warned = True
+            message = (
+                f"the Turn used its {self.budget.limit} LM calls (rlm.max_llm_calls); "
+                "later sub-LM and child calls were refused"
+            )
+            self.send(Warning(run_id=self.run_id, code="llm_budget_exhausted", message=message))
+        return refusal
+
+    # --- the REPL's LM tools --------------------------------------------------------------------
+
+    def lm_tools(self, table: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+        """The cell's tools, with `llm_query` / `llm_query_batched` admitted by the budget first
+        and each call streamed as one tool part; `rlm_query` is only streamed (the child runner
+        admits its slice). The batch is ours, over DSPy's `llm_query`, to bound its concurrency."""
+        tools = dict(table)
+        single = table.get("llm_query")
+        if single is not None:
+            tools["llm_query"] = self.wrap_lm_tool("llm_query", single)
+            if "llm_query_batched" in table:
+                tools["llm_query_batched"] = self.batched_tool(single)
+        if "rlm_query" in table:
+            tools["rlm_query"] = self.wrap_lm_tool("rlm_query", table["rlm_query"])
+        return tools
+
+    def wrap_lm_tool(self, name: str, tool: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(tool)  # keeps the signature: the sandbox maps positional args by it
+        def observed(**kwargs: Any) -> Any:
+            self.check_stop()
+            if name == "llm_query" and not self.budget.admit(1):
+                raise self.refuse(1, "llm_query")
+            return self.streamed(name, kwargs, lambda: tool(**kwargs))
+
+        return observed
+
+    def streamed(self, name: str, kwargs: dict[str, Any], call: Callable[[], Any]) -> Any:
+        self.lm_calls += 1
+        call_id = f"{name}-{self.iteration}-{self.lm_calls}"
+        self.send(lm_query_started(self.run_id, call_id, name, kwargs))
+        try:
+            result = call()
+        except BaseException as exc:
+            self.send(LMQueryFinished(run_id=self.run_id, call_id=call_id, error=str(exc)))
+            raise
+        self.send(lm_query_finished(self.run_id, call_id, result, self.max_output_chars))
+        return result
+
+    def batched_tool(self, single: Callable[..., Any]) -> Callable[..., list[str]]:
+        def llm_query_batched(prompts: list[str]) -> list[str]:
+            """Query the sub-LM with several prompts concurrently; the answers in prompt order."""
+            self.check_stop()
+            if not isinstance(prompts, list) or not all(isinstance(p, str) and p for p in prompts):
+                raise TypeError("llm_query_batched takes a list of non-empty prompt strings")
+            if not prompts:
+                return []
+            if not self.budget.admit(len(prompts)):
+                raise self.refuse(len(prompts), f"llm_query_batched of {len(prompts)} prompts")
+            call = functools.partial(self.run_batch, single, prompts)
+            return self.streamed("llm_query_batched", {"prompts": prompts}, call)  # type: ignore[no-any-return]
+
+        return llm_query_batched
+
+    def run_batch(self, query_lm: Callable[..., Any], prompts: list[str]) -> list[str]:
+        """At most `batch_concurrency` prompts in flight (rlm.batch_concurrency), each in a copy
+        of this thread's context, so the Turn's dspy settings and usage tracker apply."""
+
+        def one(prompt: str) -> str:
+            if self.stop.is_set():
+                return "[ERROR] the Turn was stopped"
+            try:
+                return str(query_lm(prompt=prompt))
+            except Exception as exc:
+                return f"[ERROR] {self.describe_failure(exc)}"
+
+        workers = max(1, min(self.batch_concurrency, len(prompts)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm-batch") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, one, p) for p in prompts]
+            return [future.result() for future in futures]
+
+
+def lm_query_started(run_id: str, call_id: str, name: str, kwargs: dict[str, Any]) -> LMQueryStarted:
+    prompts = kwargs.get("prompts")
+    if isinstance(prompts, list):
+        return LMQueryStarted(run_id=run_id, call_id=call_id, tool=name, prompt_count=len(prompts))  # type: ignore[arg-type]
+    text = kwargs.get("prompt", kwargs.get("task", ""))
+    prompt = str(text)[:PROMPT_PREVIEW_CHARS]
+    return LMQueryStarted(run_id=run_id, call_id=call_id, tool=name, prompt=prompt)  # type: ignore[arg-type]
+
+
+def lm_query_finished(run_id: str, call_id: str, result: Any, cap: int) -> LMQueryFinished:
+    if isinstance(result, list):
+        return LMQueryFinished(run_id=run_id, call_id=call_id, texts=[str(t)[:cap] for t in result])
+    return LMQueryFinished(run_id=run_id, call_id=call_id, text=str(result)[:cap])
+
+
+def normalize_usage(raw: dict[str, Any]) -> dict[str, dict[str, int]]:
+    return {
+        model: {
+            "prompt_tokens": int((entry or {}).get("prompt_tokens") or 0),
+            "completion_tokens": int((entry or {}).get("completion_tokens") or 0),
+        }
+        for model, entry in raw.items()
+    }
