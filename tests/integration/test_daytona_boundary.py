@@ -140,6 +140,29 @@ def test_the_next_run_of_a_session_reuses_its_sandbox_with_a_fresh_repl(
     assert other.sandbox.id != first.sandbox.id
 
 
+def test_a_child_rlm_gets_a_throwaway_sandbox_without_the_volume_deleted_at_release(
+    fake: FakeDaytona, provider: DaytonaSandboxProvider
+) -> None:
+    lease = provider.acquire_scratch("run-parent")
+    sandbox_id = lease.inner.sandbox.id  # type: ignore[attr-defined]
+    try:
+        body = fake.sandboxes[sandbox_id].body
+        assert {k: v for k, v in body["labels"].items() if k.startswith("fleet.")} == {
+            "fleet.deployment": provider.cfg.deployment,
+            "fleet.run": "run-parent",
+            "fleet.child": "1",
+        }
+        assert not body.get("volumes") and body["networkBlockAll"] is True
+        result = lease.interpreter_factory().execute(
+            "import os\nprint(sorted(os.listdir('.')))", {}, {}, None
+        )
+        assert result.stdout == "['artifacts', 'attachments', 'memory', 'skills']\n"
+    finally:
+        lease.release()
+    assert sandbox_id not in fake.sandboxes
+    lease.release()  # idempotent
+
+
 def test_files_go_in_and_come_out_without_following_links(
     fake: FakeDaytona, provider: DaytonaSandboxProvider, tmp_path: Path
 ) -> None:
@@ -223,6 +246,7 @@ def settings_for(profile: str) -> Any:
             "FLEET_REDIS_URL": "redis://127.0.0.1:1/0",
             "FLEET_LM_MODEL": "openai/x",
             "FLEET_LM_API_KEY": "k",
+            "FLEET_LM_BASE_URL": "http://127.0.0.1:1/v1",
         }
     )
 
@@ -257,6 +281,7 @@ def cli_env(fake: FakeDaytona, tmp_path: Path) -> dict[str, str]:
         "FLEET_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'fleet.db'}",
         "FLEET_LM_MODEL": "openai/x",
         "FLEET_LM_API_KEY": "k",
+        "FLEET_LM_BASE_URL": "http://127.0.0.1:1/v1",
         "FLEET_DAYTONA_API_KEY": API_KEY,
         "FLEET_DAYTONA_API_URL": f"{fake.url}/api",
     }

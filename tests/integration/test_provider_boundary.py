@@ -6,12 +6,9 @@ server on 127.0.0.1. Everything from the config file to DSPy's own HTTP client i
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,74 +17,16 @@ import pytest
 
 from fleet_shared.config import load_settings
 from fleet_worker import dspy_adapter
+from tests.support.fake_provider import FakeProvider, serve_fake_provider
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "sk-boundary-test-key"
 
 
-@dataclass
-class FakeProvider:
-    replies: list[str]
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    headers: list[dict[str, str]] = field(default_factory=list)
-    url: str = ""
-    status: int = 200  # anything else answers with an OpenAI-style error body
-    statuses: list[int] = field(default_factory=list)  # per request, before `status` applies
-    delay_s: float = 0.0  # a slow provider
-
-
 @pytest.fixture
 def provider() -> Iterator[FakeProvider]:
-    fake = FakeProvider(replies=[])
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            fake.requests.append({"path": self.path, **body})
-            fake.headers.append({k.lower(): v for k, v in self.headers.items()})
-            status = fake.statuses.pop(0) if fake.statuses else fake.status
-            if fake.delay_s:
-                time.sleep(fake.delay_s)
-            if status != 200:
-                message = "Incorrect API key sk-boundary-test-key; set OPENAI_API_KEY (operator hint)"
-                error = {"error": {"message": message, "type": "invalid_request_error"}}
-                self.reply(status, json.dumps(error).encode())
-                return
-            text = fake.replies.pop(0) if fake.replies else "out of replies"
-            payload = json.dumps(
-                {
-                    "id": "chatcmpl-test",
-                    "object": "chat.completion",
-                    "created": 0,
-                    "model": body.get("model", ""),
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": text},
-                            "finish_reason": "stop",
-                        }
-                    ],
-                    "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
-                }
-            ).encode()
-            self.reply(200, payload)
-
-        def reply(self, status: int, payload: bytes) -> None:
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *_args: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield fake
-    server.shutdown()
+    with serve_fake_provider() as fake:
+        yield fake
 
 
 def local_profile(provider: FakeProvider, redis_url: str) -> Any:

@@ -4,6 +4,7 @@ LM budget, `llm_query_batched`, and `rlm_query` children (docs/rlm.md)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -307,3 +308,193 @@ async def test_the_task_route_serves_the_checkpoint(harness_factory) -> None:  #
         assert [(p["run_id"], p["outcome"]) for p in task["progress"]] == [(run_id, "noted")]
         missing = await client.get("/api/sessions/00000000-0000-0000-0000-000000000000/task")
         assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+
+
+async def test_a_child_slower_than_the_cell_timeout_does_not_time_its_parents_cell_out(
+    harness_factory,
+) -> None:  # type: ignore[no-untyped-def]
+    """The harness's cells time out after 2 s; the child's two actions take 1.5 s each (scripted
+    delay). Host tool time is not the cell's own, so the parent keeps its REPL and its state."""
+    harness: Harness = harness_factory(
+        root("kept = 'parent state'\nc = rlm_query('slow work')\nprint(c)"),
+        root("SUBMIT(answer=kept + ' + ' + c)"),
+        child("x = 'child'", delay_s=1.5),
+        child("SUBMIT(answer=x + ' done')", delay_s=1.5),
+        rlm=RECURSIVE,
+    )
+    run_id = await harness.submit()
+    await harness.work()
+    events = await harness.events(run_id)
+    assert isinstance(events[-1], RunCompleted), events[-1]
+    assert [a.text for a in of(events, Answer)] == ["parent state + child done"]
+
+
+async def test_a_provider_error_in_llm_query_reaches_the_cell_without_the_providers_text(
+    harness_factory,
+) -> None:  # type: ignore[no-untyped-def]
+    """The sub-LM points at a closed loopback port: the cell and the stream see DSPy's code only."""
+    import msgspec
+
+    from fleet_shared.config import Secret
+
+    harness: Harness = harness_factory(
+        root(
+            "try:\n    llm_query('hi')\nexcept RuntimeError as exc:\n    why = str(exc)\nSUBMIT(answer=why)"
+        ),
+    )
+    sub_lm = msgspec.structs.replace(
+        harness.settings.root_lm,
+        name="openai/nowhere",
+        scripted=False,
+        script_path=None,
+        base_url="http://user:sub-secret@127.0.0.1:9/v1",
+        api_key=Secret("sk-sub-key"),
+        num_retries=0,
+        request_timeout=5,
+    )
+    harness.settings = msgspec.structs.replace(harness.settings, sub_lm=sub_lm)
+    run_id = await harness.submit()
+    await harness.work()
+    events = await harness.events(run_id)
+    (answer,) = of(events, Answer)
+    assert answer.text.startswith("RuntimeError: the LM call failed (") and "openai/nowhere" in answer.text
+    assert not any(
+        secret in repr(e) for e in events for secret in ("sub-secret", "127.0.0.1:9", "sk-sub-key")
+    )
+
+
+class SlowScratch:
+    """The real local provider, with a slow `acquire_scratch` and a slow release (a Daytona
+    create or delete takes seconds): the Turn's settlement races the child's own thread."""
+
+    def __init__(self, real: Any, acquire_s: float = 0.0, release_s: float = 0.0) -> None:
+        self.real, self.acquire_s, self.release_s = real, acquire_s, release_s
+
+    def acquire_scratch(self, run_id: str) -> Any:
+        import time
+
+        time.sleep(self.acquire_s)
+        lease = self.real.acquire_scratch(run_id)
+        release, delay = lease.release, self.release_s
+
+        def slow_release() -> None:
+            time.sleep(delay)
+            release()
+
+        lease.release = slow_release
+        return lease
+
+
+def wait_until(condition: Any, seconds: float = 10) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def child_runner(harness: Harness, provider: Any) -> tuple[Any, Any, list[RunEvent]]:
+    import threading
+
+    from fleet_worker.budget import CallBudget
+    from fleet_worker.children import ChildPolicy, ChildRunner
+    from fleet_worker.observer import TurnObserver
+
+    emitted: list[RunEvent] = []
+    parent = TurnObserver(
+        emit=emitted.append, run_id="run-race", stop=threading.Event(), max_output_chars=1000
+    )
+    policy = ChildPolicy(
+        max_children=2, max_iters=2, max_llm_calls=4, max_output_chars=1000, batch_concurrency=1
+    )
+
+    def no_lms() -> tuple[Any, Any]:
+        raise AssertionError("the child should have been stopped before its LMs were built")
+
+    return ChildRunner(provider, CallBudget(10), parent, policy, no_lms), parent, emitted
+
+
+def test_a_child_sandbox_made_after_the_turn_settled_is_still_released(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from fleet_worker.app import sandbox_provider
+    from fleet_worker.errors import TurnStopped
+
+    harness: Harness = harness_factory(root("pass"))
+    real = sandbox_provider(harness.settings)
+    real.place_workspaces(harness.settings.data_dir / "workspaces", harness.settings.data_dir / "relocated")
+    runner, parent, emitted = child_runner(harness, SlowScratch(real, acquire_s=0.6))
+    raised: list[BaseException] = []
+
+    def parents_cell() -> None:
+        try:
+            runner.run("a task")
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=parents_cell, daemon=True)
+    thread.start()
+    wait_until(lambda: bool(emitted))  # started
+    parent.stop.set()  # the Turn is cancelled while the child's sandbox is being made
+    finals = runner.settle(wait_seconds=10)
+    thread.join(10)
+    real.close()
+    assert isinstance(raised[0], TurnStopped), raised
+    assert [(f.state, f.cleanup_state) for f in finals] == [("cancelled", "released")]
+    assert scratch_folders(harness) == []
+
+
+def test_settlement_waits_for_a_slow_release_and_returns_its_report(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """The child's thread is releasing (slowly) when the Turn settles: the report is not lost."""
+    import threading
+
+    from fleet_worker.app import sandbox_provider
+
+    harness: Harness = harness_factory(root("pass"))
+    real = sandbox_provider(harness.settings)
+    real.place_workspaces(harness.settings.data_dir / "workspaces", harness.settings.data_dir / "relocated")
+    runner, parent, emitted = child_runner(harness, SlowScratch(real, acquire_s=0.3, release_s=1.0))
+    raised: list[BaseException] = []
+
+    def parents_cell() -> None:
+        try:
+            runner.run("a task")
+        except BaseException as exc:  # TurnStopped, as the parent's cell would see it
+            raised.append(exc)
+
+    thread = threading.Thread(target=parents_cell, daemon=True)
+    thread.start()
+    wait_until(lambda: bool(emitted))  # started: its sandbox is being made
+    parent.stop.set()  # so the child stops as soon as it has it, and releases it (slowly)
+    wait_until(lambda: runner.children[0].closing)
+    finals = runner.settle(wait_seconds=10)  # its own thread is in the slow release now
+    thread.join(10)
+    real.close()
+    assert [(f.state, f.cleanup_state) for f in finals] == [("cancelled", "released")]
+    assert scratch_folders(harness) == []
+
+
+async def test_a_skill_card_changed_after_the_check_fails_the_turn_clearly(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """The user chose version N; the card was re-seeded as N+1 before the Run started: the RLM
+    is not given guidance the user did not choose. The Turn fails `skill_unavailable`."""
+    from sqlalchemy import update
+
+    from fleet_shared.db import skills as skill_queries
+    from fleet_shared.db.models import Skill
+    from fleet_shared.events import RunFailed
+
+    harness: Harness = harness_factory(root("SUBMIT(answer='unused')"))
+    skill_id = f"changing-{uuid.uuid4().hex[:8]}"  # its own card: the test DB is shared
+    async with harness.sessions() as db:
+        db.add(Skill(id=skill_id, name="Changing", version="1", description="d", body="b", digest="0" * 64))
+        await db.commit()
+        (card,) = await skill_queries.get_skills(db, [skill_id])
+    run_id = await harness.submit(skills=[card])
+    async with harness.sessions() as db:
+        await db.execute(update(Skill).where(Skill.id == skill_id).values(version="2"))
+        await db.commit()
+    await harness.work()
+    terminal = (await harness.events(run_id))[-1]
+    assert isinstance(terminal, RunFailed) and terminal.code == "skill_unavailable"
+    assert f"{skill_id!r} changed since the Turn was sent" in terminal.message

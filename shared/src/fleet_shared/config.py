@@ -39,7 +39,8 @@ class LMSection(Section):
     api_key_env: EnvName | None = None
     base_url_env: EnvName | None = None
     num_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
-    # One HTTP request to the provider (a retry gets its own); the Turn's deadline bounds them all.
+    # One HTTP request to the provider (a retry gets its own); the Turn settles at its deadline
+    # regardless (docs/rlm.md, the provider path).
     request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 120
     temperature: float | None = None
     max_tokens: int | None = None
@@ -267,11 +268,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
-URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@/\s]+@")
+URL_USERINFO = re.compile(r"://([^/\s]*)@")  # up to the last @ before the path: passwords may hold @
 
 
 def redact_url(url: str) -> str:
-    return URL_PASSWORD.sub(r"\1***@", url)
+    """The URL with its password (or a bare token as its user-info) replaced by ***."""
+
+    def masked(match: re.Match[str]) -> str:
+        user, colon, _secret = match.group(1).partition(":")
+        return f"://{user}:***@" if colon else "://***@"
+
+    return URL_USERINFO.sub(masked, url)
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:

@@ -272,7 +272,7 @@ def test_missing_profile_names_it_and_lists_known(
 def test_shipped_file_missing_profile_lists_them_all(tmp_path: Path) -> None:
     message = config_error(shipped_env(FLEET_PROFILE="staging"))
     assert "'staging'" in message
-    assert "known: daytona, daytona-recursive, local, offline" in message
+    assert "known: daytona, daytona-recursive, local, local-recursive, offline" in message
 
 
 @pytest.mark.parametrize(
@@ -405,3 +405,18 @@ def test_settings_repr_and_summary_reveal_no_secret() -> None:
         "database": "postgresql+asyncpg",
         "auth": True,
     }
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@cache:6379/0", "redis://:***@cache:6379/0"),
+        ("https://user:p@ss@lm.internal/v1", "https://user:***@lm.internal/v1"),
+        ("https://sk-bare-token@lm.internal/v1", "https://***@lm.internal/v1"),
+        ("http://127.0.0.1:8/v1", "http://127.0.0.1:8/v1"),
+    ],
+)
+def test_redact_url_hides_passwords_with_at_signs_and_bare_tokens(url: str, shown: str) -> None:
+    from fleet_shared.config import redact_url
+
+    assert redact_url(url) == shown

@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from fleet_shared.events import ChildProgress, ChildState, RunEvent
+from fleet_shared.events import ChildProgress, ChildState, CleanupState
 from fleet_worker import dspy_adapter
 from fleet_worker.budget import BudgetSlice, CallBudget, ChildBudgetExhausted, LLMBudgetExhausted
 from fleet_worker.errors import TurnStopped
@@ -27,6 +27,7 @@ from fleet_worker.sandbox.workspace import HOST_PATHS
 log = structlog.get_logger(__name__)
 LABEL_CHARS = 80
 MIN_CHILD_CALLS = 2  # one action and one more (an answer, or the extract fallback)
+SETTLE_WAIT_SECONDS = 30.0  # for a child sandbox still being made when the Turn ends
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,17 @@ class ChildPolicy:
 
 @dataclass
 class Child:
+    """One child's state. Its cleanup is taken on once (`closing`), by its own thread or, if that
+    thread is stuck or abandoned, by the Turn's settlement; `done` is set when `final` is known."""
+
     child_id: str
     task_label: str
     started: float
+    acquiring: bool = True  # its sandbox is being made: only its own thread may release it
     lease: SandboxLease | None = None
-    reported: bool = False  # its final progress (with the cleanup) was emitted
+    closing: bool = False
+    final: ChildProgress | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -112,8 +119,12 @@ class ChildRunner:
             raise RuntimeError(
                 f"the child RLM's sandbox could not start: {HOST_PATHS.scrub(str(exc))}"
             ) from None
+        finally:
+            with self.lock:
+                child.acquiring = False
         with self.lock:
-            child.lease = lease
+            child.lease = lease  # released by finish(), or by settle() if this thread is stuck
+        self.parent.check_stop()  # the Turn may have ended while the sandbox was being made
         observer = TurnObserver(
             emit=self.parent.emit,
             run_id=self.parent.run_id,
@@ -147,50 +158,64 @@ class ChildRunner:
             raise RuntimeError(f"the child RLM failed: {HOST_PATHS.scrub(str(exc))}") from None
 
     def finish(self, child: Child, state: ChildState) -> None:
-        """Release the child's sandbox and report how that went (once per child)."""
-        event = self.release(child, state)
+        """The child's own thread: release its sandbox and report how that went."""
+        event = self.close(child, state)
         if event is not None:
-            self.parent.emit(event)
+            self.parent.emit(event)  # may be dropped if the Turn stopped waiting: settle() resends
 
-    def release(self, child: Child, state: ChildState) -> ChildProgress | None:
+    def close(self, child: Child, state: ChildState) -> ChildProgress | None:
+        """Take the child's cleanup on (None if someone already has), release, record the end."""
         with self.lock:
-            if child.reported:
+            if child.closing:
                 return None
-            child.reported = True
+            child.closing = True
             lease = child.lease
-        cleanup = "released"
+        cleanup: CleanupState = "released"
         if lease is not None:
             try:
                 lease.release()
             except Exception as exc:
                 cleanup = "failed"
                 log.warning("child.cleanup_failed", child_id=child.child_id, error=str(exc))
-        return self.progress(child, state, cleanup)
+        child.final = self.progress(child, state, cleanup)
+        child.done.set()
+        return child.final
 
-    def progress(self, child: Child, state: ChildState, cleanup: str) -> ChildProgress:
+    def progress(self, child: Child, state: ChildState, cleanup: CleanupState) -> ChildProgress:
         return ChildProgress(
             run_id=self.parent.run_id,
             child_id=child.child_id,
             task_label=child.task_label,
             state=state,
-            cleanup_state=cleanup,  # type: ignore[arg-type]
+            cleanup_state=cleanup,
             elapsed_ms=int((time.monotonic() - child.started) * 1000),
         )
 
-    def emit(self, child: Child, state: ChildState, cleanup: str) -> None:
+    def emit(self, child: Child, state: ChildState, cleanup: CleanupState) -> None:
         self.parent.emit(self.progress(child, state, cleanup))
 
     def interrupt(self) -> None:
         """Kill the running cells of every child (the parent is being stopped)."""
         with self.lock:
-            leases = [c.lease for c in self.children if c.lease is not None and not c.reported]
+            leases = [c.lease for c in self.children if c.lease is not None and not c.closing]
         for lease in leases:
             lease.interrupt()
 
-    def settle(self) -> list[RunEvent]:
-        """At the Turn's end, from the event loop's side: release every child whose own thread
-        did not report its end (it is stuck, or was abandoned) and give its final progress."""
+    def settle(self, wait_seconds: float = SETTLE_WAIT_SECONDS) -> list[ChildProgress]:
+        """At the Turn's end (blocking; not on the event loop): every child's final report.
+        Children whose thread is stuck are released here; a sandbox still being made is left to
+        its own thread (it releases it when the make returns) and waited for a while; past that,
+        its report says `cleanup_state: pending`. The caller emits what the stream lacks."""
         with self.lock:
-            pending = [c for c in self.children if not c.reported]
-        reports = [self.release(child, "cancelled") for child in pending]
-        return [event for event in reports if event is not None]
+            children = list(self.children)
+        for child in children:
+            with self.lock:
+                mine = not child.acquiring
+            if mine:
+                self.close(child, "cancelled")
+        deadline = time.monotonic() + wait_seconds
+        finals = []
+        for child in children:
+            child.done.wait(max(0.0, deadline - time.monotonic()))
+            finals.append(child.final or self.progress(child, "cancelled", "pending"))
+        return finals

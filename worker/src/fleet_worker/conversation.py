@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_shared.db import files, queries, skills
-from fleet_shared.skills import selected_skills
+from fleet_shared.skills import SelectedSkill, selected_skills
+from fleet_worker.errors import TurnFailed
 
 CUT_MARK = "\n[... cut]"
 
@@ -58,9 +59,16 @@ async def load_conversation(
         turns = await queries.list_turns(db, session_id, after_sequence=first, limit=user_sequence - first)
         sent = next((t.parts for t in turns if t.sequence == user_sequence), [])
         rows = await files.get_attachments(db, attachment_ids(sent))
-        cards = await skills.get_skills(db, [s.skill_id for s in selected_skills(sent)])
+        selection = selected_skills(sent)
+        cards = await skills.get_skills(db, [s.skill_id for s in selection])
     attachments = [AttachmentRef(r.id, r.filename, r.media_type, r.byte_size) for r in rows]
     chosen = [SkillRef(c.id, c.name, c.version, c.description, c.body) for c in cards]
+    stale = changed_skills(selection, chosen)
+    if stale:  # the card was re-seeded since the Turn was checked: not what the user chose
+        raise TurnFailed(
+            f"skill {stale} changed since the Turn was sent; send it again to use the new version",
+            code="skill_unavailable",
+        )
     texts = {t.sequence: (t.role, t.status, text_of(t.parts)) for t in turns}
     request = texts[user_sequence][2]
     pairs = [
@@ -74,6 +82,15 @@ async def load_conversation(
     earlier = first > 0 or len(pairs) > max_turns
     truncated = cut or (earlier and bool(pairs))
     return Conversation(request, history, truncated=truncated, attachments=attachments, skills=chosen)
+
+
+def changed_skills(selection: list[SelectedSkill], cards: list[SkillRef]) -> str | None:
+    """The first selected skill that is gone, or whose version is not the one selected."""
+    found = {card.id: card.version for card in cards}
+    for chosen in selection:
+        if found.get(chosen.skill_id) != chosen.version:
+            return repr(chosen.skill_id)
+    return None
 
 
 def bounded(pairs: list[dict[str, str]], max_chars: int) -> tuple[list[dict[str, str]], bool]:

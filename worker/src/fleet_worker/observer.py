@@ -156,11 +156,27 @@ class TurnObserver:
         @functools.wraps(tool)  # keeps the signature: the sandbox maps positional args by it
         def observed(**kwargs: Any) -> Any:
             self.check_stop()
-            if name == "llm_query" and not self.budget.admit(1):
-                raise self.refuse(1, "llm_query")
-            return self.streamed(name, kwargs, lambda: tool(**kwargs))
+            if name == "llm_query":
+                prompt = kwargs.get("prompt")
+                if not isinstance(prompt, str) or not prompt:
+                    raise TypeError("llm_query takes one non-empty prompt string")  # costs nothing
+                if not self.budget.admit(1):
+                    raise self.refuse(1, "llm_query")
+            return self.streamed(name, kwargs, lambda: self.sanitized_call(tool, kwargs))
 
         return observed
+
+    def sanitized_call(self, tool: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+        """An LM failure reaches the cell (and the stream) as DSPy's code and status only, never
+        the provider's text, which may carry a base URL or hints meant for the operator."""
+        try:
+            return tool(**kwargs)
+        except Exception as exc:
+            try:
+                message = self.describe_failure(exc)
+            except Exception:
+                raise exc from None
+            raise RuntimeError(message) from None
 
     def streamed(self, name: str, kwargs: dict[str, Any], call: Callable[[], Any]) -> Any:
         self.lm_calls += 1

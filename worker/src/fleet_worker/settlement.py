@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_shared.db import queries, runs
 from fleet_shared.db.faults import is_unreachable
 from fleet_shared.db.models import Run
-from fleet_shared.run_state import ACTIVE_STATUSES, RunStatus, decide_ending
+from fleet_shared.events import RunEvent, RunFailed
+from fleet_shared.run_state import ACTIVE_STATUSES, RunCommand, RunStatus, decide_ending
 
 log = structlog.get_logger(__name__)
 FIRST_RETRY_SECONDS = 0.1
@@ -62,4 +64,22 @@ def is_our_commit(run: Run, settlement: runs.Settlement) -> bool:
         run.status == target.value
         and run.failure_code == settlement.failure_code
         and run.last_seq == last_seq
+    )
+
+
+def commit_failed(settlement: runs.Settlement, terminal: RunEvent) -> runs.Settlement:
+    """The least that can be committed when the Turn's ending could not be: its failure alone, so
+    the Run ends honestly (not later as `worker_lost`) and the session is free."""
+    message = "the Turn's result could not be saved; send it again"
+    failed = RunFailed(run_id=terminal.run_id, seq=terminal.seq, code="commit_failed", message=message)
+    return msgspec.structs.replace(
+        settlement,
+        command=RunCommand.FAIL,
+        parts=[],
+        turn_status="failed",
+        events=[failed],
+        failure_code="commit_failed",
+        failure_message=message,
+        task=None,
+        checkpoint_version=None,
     )

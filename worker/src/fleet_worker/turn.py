@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import structlog
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -24,7 +23,7 @@ from fleet_shared.config import Settings
 from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Session
 from fleet_shared.event_log import RunLog, lease_token
-from fleet_shared.events import Answer, RunEvent, RunFailed, StatusChanged, Warning
+from fleet_shared.events import Answer, ChildProgress, StatusChanged, Warning
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker.control import CancelListener
@@ -37,7 +36,7 @@ from fleet_worker.program import ProgramRun, start_program, wait_for_program, wi
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.provider import FileStamp, SandboxLease, SandboxProvider
-from fleet_worker.settlement import commit_with_retry
+from fleet_worker.settlement import commit_failed, commit_with_retry
 from fleet_worker.workspace_io import (
     ARTIFACTS,
     ArtifactLimits,
@@ -336,8 +335,11 @@ async def report_children(deps: WorkerDeps, turn: Turn) -> None:
     if children is None:
         return
     loop = asyncio.get_running_loop()
-    for event in await loop.run_in_executor(deps.sandbox_ops, children.settle):
-        turn.sink.emit(event)
+    finals = await loop.run_in_executor(deps.sandbox_ops, children.settle)
+    streamed = {(e.child_id, e.state) for e in turn.sink.events if isinstance(e, ChildProgress)}
+    for event in finals:
+        if (event.child_id, event.state) not in streamed:  # its thread's report was dropped
+            turn.sink.emit(event)
 
 
 async def keep_artifacts(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> Outcome:
@@ -359,24 +361,6 @@ async def keep_artifacts(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> Outc
             message = "the files the Turn wrote under artifacts/ could not be stored; send it again"
             return Outcome(RunCommand.FAIL, "failed", failure_code="artifact_error", failure_message=message)
     return outcome
-
-
-def commit_failed(settlement: runs.Settlement, terminal: RunEvent) -> runs.Settlement:
-    """The least that can be committed when the Turn's ending could not be: its failure alone, so
-    the Run ends honestly (not later as `worker_lost`) and the session is free."""
-    message = "the Turn's result could not be saved; send it again"
-    failed = RunFailed(run_id=terminal.run_id, seq=terminal.seq, code="commit_failed", message=message)
-    return msgspec.structs.replace(
-        settlement,
-        command=RunCommand.FAIL,
-        parts=[],
-        turn_status="failed",
-        events=[failed],
-        failure_code="commit_failed",
-        failure_message=message,
-        task=None,
-        checkpoint_version=None,
-    )
 
 
 def capped_answer(deps: WorkerDeps, sink: EventSink, answer: str) -> str:

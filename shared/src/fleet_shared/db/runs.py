@@ -208,7 +208,9 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
     if s.task is not None and s.checkpoint_version is not None:
         await db.execute(
             update(Session)
-            .where(Session.id == s.session_id)
+            # Only over the version this Run read at its claim (one active Run per session and the
+            # attempt fence make that so; this keeps it so if either ever changes).
+            .where(Session.id == s.session_id, Session.checkpoint_version == s.checkpoint_version - 1)
             .values(task=s.task, checkpoint_version=s.checkpoint_version)
         )
     if s.events:

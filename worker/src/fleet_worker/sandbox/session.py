@@ -295,7 +295,9 @@ class ReplSession:
         proc = repl.proc
         assert proc.stdin is not None and proc.stdout is not None
         to_repl, from_repl = proc.stdin.fileno(), proc.stdout.fileno()
-        # One deadline for the whole cell, host tool calls included.
+        # The cell's own time: a host tool call (an LM call, a whole child RLM) moves the deadline
+        # on by as long as it took, so a slow child cannot time its parent's cell out and lose its
+        # REPL. The Turn's deadline bounds the tool calls (it stops the program).
         deadline = time.monotonic() + self._cell_timeout
         budget = self._budget
         if budget is not None:
@@ -312,7 +314,10 @@ class ReplSession:
             message = read_frame(from_repl, deadline, watch=watch)
             op = message.get("op")
             if op == "tool_call":
-                write_all(to_repl, call_host_tool(tools, message, self._caps), deadline)
+                called = time.monotonic()
+                reply = call_host_tool(tools, message, self._caps)
+                deadline += time.monotonic() - called
+                write_all(to_repl, reply, deadline)
                 watch()  # a cell that keeps calling tools is never idle long enough otherwise
             elif op == "result":
                 if message.get("id") != request_id:

@@ -1,0 +1,153 @@
+"""The RLM at full depth on real processes (`fleet db upgrade`, `fleet gateway`, `fleet worker`,
+bwrap): the `local-recursive` profile with the scripted LM standing in for the model, and the
+`local` profile against a loopback OpenAI-compatible server (the only fake: no provider is
+reachable here)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import REPO, Stack, ai_sdk_parse, start_stack, stop_stack, work_dir
+from tests.e2e.sse import TurnStream, post_turn
+from tests.e2e.test_fleet_up import newcomer_env, wait_for_banner
+from tests.support.fake_provider import serve_fake_provider
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.e2e
+UNUSED_BASE_URL = "http://127.0.0.1:9/v1"  # the profile names it; the scripted LM never calls it
+
+
+@pytest.fixture(scope="module")
+def recursive_stack() -> Iterator[Stack]:
+    script = REPO / "tests" / "e2e" / "scripts" / "rlm_depth.jsonl"
+    env = {
+        "FLEET_PROFILE": "local-recursive",
+        "FLEET_LM_MODEL": "scripted/depth",
+        "FLEET_LM_BASE_URL": UNUSED_BASE_URL,
+        "FLEET_SCRIPTED_LM": str(script),
+    }
+    stack = start_stack(work_dir("rlm"), env)
+    yield stack
+    stop_stack(stack)
+
+
+def new_session(client: httpx.Client) -> str:
+    response = client.post("/api/sessions", json={"title": "depth"})
+    assert response.status_code == 201
+    return str(response.json()["id"])
+
+
+def answer_of(stream: TurnStream) -> str:
+    return "".join(c["delta"] for c in stream.of_type("text-delta"))
+
+
+def test_a_deep_turn_uses_history_a_skill_a_batch_and_a_child(
+    recursive_stack: Stack, node_check: Path
+) -> None:
+    with recursive_stack.client() as client:
+        skill = client.get("/api/skills/long-document-qa").json()
+        session_id = new_session(client)
+        first = post_turn(client, session_id, "the report says 41", "k-1")
+        assert answer_of(first) == "noted: the report says 41"
+
+        selection = [{"id": skill["id"], "expected_version": skill["version"]}]
+        stream = post_turn(client, session_id, "go deeper", "k-2", skill_selections=selection)
+        assert stream.status == 200 and stream.types[-1] == "finish"
+        assert answer_of(stream) == "noted: the report says 41 -> alpha/beta/gamma -> 6 (1 skill)"
+        for alias in ("ai6", "ai7"):
+            ai_sdk_parse(node_check, alias, stream.raw)
+
+        skills = [c["data"] for c in stream.of_type("data-skill")]
+        names = {"skill_id": skill["id"], "name": skill["name"], "version": skill["version"]}
+        assert skills == [{**names, "phase": "activated"}, {**names, "phase": "loaded"}]
+        inputs = {c["toolName"]: c["input"] for c in stream.of_type("tool-input-available")}
+        assert inputs["llm_query_batched"] == {"prompt_count": 3}
+        assert inputs["rlm_query"] == {"prompt": "add up: 1 2 3"}
+        outputs = {c["toolCallId"]: c["output"] for c in stream.of_type("tool-output-available")}
+        batch_id = next(
+            c["toolCallId"]
+            for c in stream.of_type("tool-input-available")
+            if c["toolName"] == "llm_query_batched"
+        )
+        assert sorted(outputs[batch_id]["texts"]) == ["alpha", "beta", "gamma"]
+        progress = [
+            (c["id"], c["data"]["state"], c["data"]["cleanup_state"])
+            for c in stream.of_type("data-child-progress")
+        ]
+        assert progress == [("child-1", "started", "pending"), ("child-1", "completed", "released")]
+
+        types = stream.types
+        assert types.index("data-usage") < types.index("finish")
+        usage = stream.of_type("data-usage")[0]["data"]["usage"]
+        assert usage["iterations"] == 4
+        tokens = usage["observed_lm_usage"]["scripted/depth"]
+        assert tokens["prompt_tokens"] > 0 and tokens["completion_tokens"] > 0
+        finish = stream.of_type("finish")[0]
+        run_id = finish["messageMetadata"]["runId"]
+        assert finish["finishReason"] == "stop" and finish["messageMetadata"]["checkpointVersion"] == 2
+
+        run = client.get(f"/api/runs/{run_id}").json()
+        assert run["status"] == "completed" and run["usage"] == usage
+        task = client.get(f"/api/sessions/{session_id}/task").json()
+        assert task["checkpoint_version"] == 2 and task["goal"] == "the report says 41"
+        assert [p["request"] for p in task["progress"]] == ["the report says 41", "go deeper"]
+        turns = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
+        kinds = [p["type"] for p in turns[-1]["parts"]]
+        assert kinds.count("data-child-progress") == 1 and kinds.count("data-skill") == 2
+        assert not list((recursive_stack.data_dir / ".fleet" / "workspaces").glob("scratch-*"))
+
+
+def action(reasoning: str, code: str) -> str:
+    return f"[[ ## reasoning ## ]]\n{reasoning}\n\n[[ ## code ## ]]\n{code}\n\n[[ ## completed ## ]]"
+
+
+def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, node_check: Path) -> None:
+    """`fleet up --profile local` as a user runs it, with FLEET_LM_* pointing at the loopback
+    OpenAI-compatible server: root actions and the sub-LM answer come over HTTP."""
+    with serve_fake_provider() as provider:
+        provider.replies += [
+            action("Count the words.", "n = len(request.split())\nprint(n)"),
+            action("Ask the sub-LM.", "word = llm_query('one word for ' + str(n))\nprint(word)"),
+            "plenty",
+            action("Submit.", "SUBMIT(answer=f'{n} words: {word}')"),
+        ]
+        env = newcomer_env(
+            FLEET_LM_MODEL="openai/loopback-model",
+            FLEET_LM_API_KEY="sk-loopback-key",
+            FLEET_LM_BASE_URL=provider.url,
+        )
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet_cli", "up", "--profile", "local", "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            banner = wait_for_banner(proc, timeout=60)
+            assert "profile: local" in banner
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                stream = post_turn(client, new_session(client), "how many words here", "k-1")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            output = proc.communicate(timeout=40)[0].decode()
+    assert answer_of(stream) == "4 words: plenty", output[-3000:]
+    for alias in ("ai6", "ai7"):
+        ai_sdk_parse(node_check, alias, stream.raw)
+    usage = stream.of_type("data-usage")[0]["data"]["usage"]
+    assert usage["iterations"] == 3
+    expected = {"prompt_tokens": 44, "completion_tokens": 28}  # 11 and 7 per request, 4 requests
+    assert usage["observed_lm_usage"]["openai/loopback-model"] == expected
+    assert [r["model"] for r in provider.requests] == ["loopback-model"] * 4
+    assert all(h["authorization"] == "Bearer sk-loopback-key" for h in provider.headers)
+    assert stream.of_type("start")[0]["messageMetadata"]["model"] == "openai/loopback-model"
+    assert "sk-loopback-key" not in output
