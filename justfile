@@ -12,6 +12,11 @@ ci:
 test *args:
     uv run pytest {{args}}
 
+# schemathesis against a live stack (tests/fuzz): 200 examples per operation, a fresh seed each run
+# (`uv run pytest` runs the same suite with 10, derandomized). `just fuzz 1000` runs longer.
+fuzz examples="200":
+    FLEET_FUZZ_EXAMPLES={{examples}} uv run pytest tests/fuzz -m fuzz -s
+
 # Lint, format check and type check.
 check:
     uv run ruff check .
@@ -22,6 +27,10 @@ check:
 fmt:
     uv run ruff check --fix .
     uv run ruff format .
+
+# Write openapi.yaml from the app (tests/integration/test_openapi.py fails when they drift).
+openapi:
+    uv run python -m fleet_gateway.openapi openapi.yaml
 
 # Migrate the database named by FLEET_DATABASE_URL to head.
 migrate:

@@ -24,13 +24,23 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import EXCEPTION_HANDLERS, ApiError, envelope, handle_unexpected
 from fleet_gateway.fanout import EventFanout
-from fleet_gateway.middleware import add_request_id_header, request_id_middleware
+from fleet_gateway.metrics import count_response
+from fleet_gateway.middleware import (
+    add_request_id_header,
+    header_limit_middleware,
+    request_id_middleware,
+    require_json_body,
+)
+from fleet_gateway.openapi import document_errors, openapi_config
 from fleet_gateway.routes.artifacts import ArtifactController
 from fleet_gateway.routes.attachments import AttachmentController
+from fleet_gateway.routes.feedback import FeedbackController
 from fleet_gateway.routes.files import FilesController
-from fleet_gateway.routes.health import health, ready
+from fleet_gateway.routes.health import VERSION, health, ready
+from fleet_gateway.routes.metrics import metrics
 from fleet_gateway.routes.runs import RunController
 from fleet_gateway.routes.sessions import SessionController
+from fleet_gateway.routes.settings import SettingsController
 from fleet_gateway.routes.skills import SkillController
 from fleet_gateway.routes.turns import TurnController
 from fleet_gateway.state import GatewayState
@@ -51,6 +61,7 @@ SWEEP_INTERVAL_SECONDS = 0.5
 
 def create_app(settings: Settings) -> Litestar:
     holder: dict[str, GatewayState] = {}
+    limits = settings.profile.gateway.limits
 
     @asynccontextmanager
     async def resources(_app: Litestar) -> AsyncIterator[None]:
@@ -99,11 +110,14 @@ def create_app(settings: Settings) -> Litestar:
             ArtifactController,
             FilesController,
             SkillController,
+            SettingsController,
+            FeedbackController,
         ],
         guards=[require_token(settings)],
+        before_request=require_json_body,
     )
     return Litestar(
-        route_handlers=[health, ready, api],
+        route_handlers=[health, ready, metrics, api],
         lifespan=[resources],
         dependencies={
             "gw": Provide(provide_state, sync_to_thread=False),
@@ -117,10 +131,14 @@ def create_app(settings: Settings) -> Litestar:
             RedisError: dependency_down("Redis"),
             OSError: dependency_down("a dependency"),  # e.g. a refused connection, unwrapped
         },
-        middleware=[request_id_middleware],
-        before_send=[add_request_id_header],
-        request_max_body_size=settings.profile.gateway.limits.max_body_bytes,
-        openapi_config=None,
+        middleware=[
+            request_id_middleware,
+            header_limit_middleware(settings.profile.gateway.limits.max_header_bytes),
+        ],
+        before_send=[add_request_id_header, count_response],
+        request_max_body_size=limits.max_body_bytes,
+        openapi_config=openapi_config(VERSION),
+        on_startup=[document_errors],
         logging_config=None,  # structlog (configure_logging) owns logging in every process
     )
 

@@ -22,6 +22,7 @@ STATUS_CODES = {
     415: "unsupported_media_type",
     422: "validation_error",
     429: "rate_limited",
+    431: "headers_too_large",
     503: "service_unavailable",
 }
 
@@ -51,10 +52,18 @@ def handle_validation(_request: Request[Any, Any, Any], exc: ValidationException
     return envelope(422, "validation_error", describe_validation(exc))
 
 
+# Litestar reports a header by its Python parameter name; clients know the header's.
+HEADER_PARAMETERS = {"idempotency_key": "Idempotency-Key"}
+
+
+def shown_name(key: str) -> str:
+    return HEADER_PARAMETERS.get(key, key)
+
+
 def describe_validation(exc: ValidationException) -> str:
     extra = exc.extra if isinstance(exc.extra, list) else []
     details = [
-        f"{item.get('key') or item.get('source') or 'body'}: {item.get('message')}"
+        f"{shown_name(item.get('key') or item.get('source') or 'body')}: {item.get('message')}"
         for item in extra
         if isinstance(item, dict) and item.get("message")
     ]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import msgspec
 
-from fleet_shared.db.models import Artifact, Attachment, Run, Session, Skill, Turn
+from fleet_shared.db.models import Artifact, Attachment, Feedback, Run, Session, Skill, Turn
+from fleet_shared.policy_file import MAX_CHANGES, PolicySnapshot
 
 MAX_INT32 = 2**31 - 1
 # Text fields refuse NUL: PostgreSQL cannot store it, and no client means to send it.
@@ -20,6 +21,13 @@ class Input(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 class CreateSession(Input):
     title: Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)] = ""
+
+
+class UpdateSession(Input):
+    """PATCH a session: at least one field (`null` is not a value of either)."""
+
+    title: Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)] | msgspec.UnsetType = msgspec.UNSET
+    status: Literal["active", "archived"] | msgspec.UnsetType = msgspec.UNSET
 
 
 class SkillSelection(Input):
@@ -233,3 +241,71 @@ class SkillOut(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def of(cls, row: Skill) -> SkillOut:
         return cls(id=row.id, name=row.name, version=row.version, description=row.description, body=row.body)
+
+
+SettingScalar = Annotated[str, msgspec.Meta(max_length=4096)] | int | float | bool
+SettingKey = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+
+
+class SettingsChange(Input):
+    """PATCH /api/settings: dotted keys of the policy file, e.g. `profiles.local.rlm.max_iters`;
+    `null` removes a key (its default applies)."""
+
+    revision: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+    set: Annotated[
+        dict[SettingKey, SettingScalar | Annotated[list[SettingScalar], msgspec.Meta(max_length=100)] | None],
+        msgspec.Meta(min_length=1, max_length=MAX_CHANGES),
+    ]
+
+
+class SettingsOut(msgspec.Struct, frozen=True, kw_only=True):
+    """The policy file: env var names, never their values; changes apply when processes restart."""
+
+    revision: str  # sha256 of the file's bytes: send it back with a change
+    path: str  # the file's name only
+    active_profile: str
+    default_profile: str
+    profiles: dict[str, Any]
+    applies: Literal["on_restart"] = "on_restart"
+
+    @classmethod
+    def of(cls, snapshot: PolicySnapshot, active_profile: str) -> Self:
+        return cls(
+            revision=snapshot.revision,
+            path=snapshot.name,
+            active_profile=active_profile,
+            default_profile=snapshot.default_profile,
+            profiles=snapshot.profiles,
+        )
+
+
+class SettingsUpdated(SettingsOut):
+    restart_required: bool = True
+
+
+class FeedbackIn(Input):
+    run_id: uuid.UUID
+    rating: Literal["up", "down"]
+    comment: Annotated[str, msgspec.Meta(max_length=4000, pattern=NO_NUL)] | None = None
+
+
+class FeedbackOut(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    session_id: str
+    run_id: str
+    rating: Literal["up", "down"]
+    comment: str | msgspec.UnsetType = msgspec.UNSET  # omitted when none was given, never null
+    created_at: str
+    forwarded: bool  # false until a tracing backend receives feedback (none does yet)
+
+    @classmethod
+    def of(cls, row: Feedback, iso: Any) -> FeedbackOut:
+        return cls(
+            id=row.id,
+            session_id=row.session_id,
+            run_id=row.run_id,
+            rating=row.rating,  # type: ignore[arg-type]
+            comment=msgspec.UNSET if row.comment is None else row.comment,
+            created_at=iso(row.created_at),
+            forwarded=False,
+        )

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_gateway.fanout import Closing, EventFanout
 from fleet_gateway.frames import DONE_FRAME, START, Position, content_frame, control_frame
+from fleet_gateway.metrics import ACTIVE_STREAMS
 from fleet_gateway.projection import (
     Chunk,
     Delivery,
@@ -103,19 +104,25 @@ async def stream_run(
     """The whole SSE body. `from_db` streams a settled Run from its committed events only."""
     state = StreamState(run.id, run.session_id, idempotent_replay=idempotent_replay)
     cursor = Cursor(after)
-    yield cursor.control(
-        start_chunk(state, created_at=iso(run.created_at), delivery=delivery, model=run.model)
-    )
-    source = replay_from_db(deps, run, state, cursor) if from_db else follow_live(deps, run, state, cursor)
-    try:
-        async for data in source:
-            yield data
-    except (SQLAlchemyError, RedisError, OSError) as exc:
-        log.warning("stream.cut_short", run_id=run.id, error_type=type(exc).__name__)
-    if state.finished:
-        yield DONE_FRAME
-    else:  # cut short (lifetime cap, gateway stopping): the client resumes from its last id
-        yield cursor.control(status_chunk(state.phase, "reconnect", "resume with Last-Event-ID"))
+    ACTIVE_STREAMS.inc()
+    try:  # a client that goes away closes the generator: the finally still runs
+        yield cursor.control(
+            start_chunk(state, created_at=iso(run.created_at), delivery=delivery, model=run.model)
+        )
+        source = (
+            replay_from_db(deps, run, state, cursor) if from_db else follow_live(deps, run, state, cursor)
+        )
+        try:
+            async for data in source:
+                yield data
+        except (SQLAlchemyError, RedisError, OSError) as exc:
+            log.warning("stream.cut_short", run_id=run.id, error_type=type(exc).__name__)
+        if state.finished:
+            yield DONE_FRAME
+        else:  # cut short (lifetime cap, gateway stopping): the client resumes from its last id
+            yield cursor.control(status_chunk(state.phase, "reconnect", "resume with Last-Event-ID"))
+    finally:
+        ACTIVE_STREAMS.dec()
 
 
 def emit(events: Iterable[RunEvent], state: StreamState, cursor: Cursor) -> list[bytes]:

@@ -8,178 +8,57 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 
+from fleet_shared.config_file import (
+    AuthSection,
+    BlobSection,
+    ConfigFile,
+    DaytonaSection,
+    EnvName,
+    FileHeader,
+    GatewaySection,
+    LimitsSection,
+    LLMSection,
+    LMSection,
+    LocalSandboxSection,
+    ObservabilitySection,
+    Profile,
+    RLMSection,
+    RuntimeSection,
+    SandboxSection,
+    Section,
+    StorageSection,
+    WorkerSection,
+)
 from fleet_shared.errors import ConfigError
 
+# The file's schema lives in config_file; it is re-exported here, where callers import it from.
+__all__ = [
+    "AuthSection",
+    "BlobSection",
+    "ConfigFile",
+    "DaytonaSection",
+    "EnvName",
+    "FileHeader",
+    "GatewaySection",
+    "LLMSection",
+    "LMSection",
+    "LimitsSection",
+    "LocalSandboxSection",
+    "ObservabilitySection",
+    "Profile",
+    "RLMSection",
+    "RuntimeSection",
+    "SandboxSection",
+    "Section",
+    "StorageSection",
+    "WorkerSection",
+]
+
 DEFAULT_CONFIG_PATH = Path("config/fleet.toml")
-EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Z_][A-Z0-9_]*$")]
-
-
-class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Base for every config table: unknown keys are errors, values are immutable."""
-
-
-class RuntimeSection(Section):
-    heartbeat_seconds: Annotated[float, msgspec.Meta(ge=1, le=300)] = 10
-    turn_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 600
-
-
-class LMSection(Section):
-    """One LM. `model` names it directly; `model_env` names the env var that holds the name.
-
-    `script` (scripted LMs only) is a JSONL file, relative to the config file's folder.
-    """
-
-    model: str | None = None
-    model_env: EnvName | None = None
-    script: str | None = None
-    api_key_env: EnvName | None = None
-    base_url_env: EnvName | None = None
-    num_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
-    # One HTTP request to the provider (a retry gets its own); the Turn settles at its deadline
-    # regardless (docs/rlm.md, the provider path).
-    request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 120
-    temperature: float | None = None
-    max_tokens: int | None = None
-
-
-class LLMSection(Section):
-    root: LMSection
-    sub: LMSection | None = None
-
-
-class RLMSection(Section):
-    max_iters: Annotated[int, msgspec.Meta(ge=1, le=200)] = 20
-    max_llm_calls: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 50
-    max_output_chars: Annotated[int, msgspec.Meta(ge=100)] = 10_000
-    # Host-side caps on what a Turn can produce (enforced before events and the DB).
-    max_answer_chars: Annotated[int, msgspec.Meta(ge=100, le=10_000_000)] = 100_000
-    max_tool_input_chars: Annotated[int, msgspec.Meta(ge=100, le=10_000_000)] = 100_000
-    max_events: Annotated[int, msgspec.Meta(ge=100, le=1_000_000)] = 5_000
-    max_history_turns: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 20
-    max_history_chars: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 50_000
-    recursion: bool = False  # `rlm_query` child RLMs (one level; docs/rlm.md)
-    max_children: Annotated[int, msgspec.Meta(ge=1, le=32)] = 4
-    child_max_iters: Annotated[int, msgspec.Meta(ge=1, le=100)] = 8
-    child_max_llm_calls: Annotated[int, msgspec.Meta(ge=2, le=10_000)] = 12
-    batch_concurrency: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
-
-
-class LocalSandboxSection(Section):
-    allow_unisolated: bool = False
-    python: str = "auto"
-    cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
-    memory_mb: Annotated[int, msgspec.Meta(ge=64)] = 1024
-    max_processes: Annotated[int, msgspec.Meta(ge=1)] = 64
-    max_file_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
-    tmp_mb: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 256
-    workspace_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024
-    workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000
-    cpus: Annotated[float, msgspec.Meta(gt=0, le=256)] = 1.0
-    uid_base: Annotated[int, msgspec.Meta(ge=1000, le=2**31 - 2**17)] = 200_000
-    uid_count: Annotated[int, msgspec.Meta(ge=1, le=2**17)] = 65_536
-    pool_size: Annotated[int, msgspec.Meta(ge=0, le=256)] = 4
-    pool_idle_seconds: Annotated[float, msgspec.Meta(ge=1)] = 300
-
-
-class DaytonaSection(Section):
-    """One Daytona sandbox per session (see docs/daytona.md). Secrets are env var names only."""
-
-    api_key_env: EnvName = "FLEET_DAYTONA_API_KEY"
-    api_url_env: EnvName | None = None
-    target: str | None = None
-    snapshot: str = "fleet-repl"  # `fleet daytona snapshot` builds it
-    volume: str = "fleet-workspaces"  # one per deployment; each session mounts its own subpath
-    deployment: str = "fleet"  # the `fleet.deployment` label: what the sweep may delete
-    cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
-    startup_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
-    create_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
-    auto_stop_minutes: Annotated[int, msgspec.Meta(ge=0)] = 15
-    idle_minutes: Annotated[float, msgspec.Meta(gt=0)] = 30  # then the sweep deletes the sandbox
-
-
-class SandboxSection(Section):
-    provider: Literal["local", "daytona"] = "local"
-    local: LocalSandboxSection = msgspec.field(default_factory=LocalSandboxSection)
-    daytona: DaytonaSection | None = None
-
-
-class BlobSection(Section):
-    """Where attachment and artifact bytes live: a folder (embedded stack, or a volume shared by
-    gateways and workers), or an S3-compatible bucket. Credentials are env var names only."""
-
-    backend: Literal["local", "s3"] = "local"
-    local_dir: str | None = None  # default: <data_dir>/blobs
-    s3_bucket: str | None = None
-    s3_prefix: str = "fleet"
-    s3_region: str = "us-east-1"
-    s3_endpoint_env: EnvName | None = None
-    s3_access_key_env: EnvName | None = None
-    s3_secret_key_env: EnvName | None = None
-    s3_allow_http: bool = False  # only for an endpoint on a private network
-
-
-class StorageSection(Section):
-    data_dir: str = ".fleet"
-    database_url: str | None = None
-    redis_url: str | None = None
-    blobs: BlobSection = msgspec.field(default_factory=BlobSection)
-    max_attachment_mb: Annotated[int, msgspec.Meta(ge=1, le=10_240)] = 50
-    max_artifact_mb: Annotated[int, msgspec.Meta(ge=1, le=10_240)] = 100
-    max_artifacts_per_run: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 20
-    max_attachments_per_turn: Annotated[int, msgspec.Meta(ge=0, le=20)] = 10
-
-
-class WorkerSection(Section):
-    concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
-    lease_seconds: Annotated[float, msgspec.Meta(ge=2)] = 3
-    drain_seconds: Annotated[float, msgspec.Meta(ge=0)] = 30
-    queue_name: str = "fleet:queue"
-
-
-class LimitsSection(Section):
-    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1_048_576
-    max_text_chars: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 100_000
-
-
-class GatewaySection(Section):
-    limits: LimitsSection = msgspec.field(default_factory=LimitsSection)
-    # An SSE connection ends after this long (the client resumes with Last-Event-ID), so proxies
-    # and rolling deploys never wait on a stream forever.
-    stream_max_seconds: Annotated[float, msgspec.Meta(ge=10, le=86_400)] = 900
-    # On SIGTERM, open connections (streams included) get this long before the gateway's
-    # processes are killed; clients resume on another gateway.
-    shutdown_grace_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 5
-
-
-class ObservabilitySection(Section):
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["json", "console"] = "json"
-
-
-class Profile(Section):
-    llm: LLMSection
-    runtime: RuntimeSection = msgspec.field(default_factory=RuntimeSection)
-    rlm: RLMSection = msgspec.field(default_factory=RLMSection)
-    sandbox: SandboxSection = msgspec.field(default_factory=SandboxSection)
-    storage: StorageSection = msgspec.field(default_factory=StorageSection)
-    worker: WorkerSection = msgspec.field(default_factory=WorkerSection)
-    gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
-    observability: ObservabilitySection = msgspec.field(default_factory=ObservabilitySection)
-
-
-class FileHeader(Section):
-    default_profile: str
-
-
-class ConfigFile(Section):
-    """The file's shape. Profiles stay raw here and are validated one at a time, by name."""
-
-    config: FileHeader
-    profiles: dict[str, dict[str, Any]]
 
 
 class Secret:
@@ -269,6 +148,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 URL_USERINFO = re.compile(r"://([^/\s]*)@")  # up to the last @ before the path: passwords may hold @
+# Connection URLs the file may not hold with a password: each has an env variable for that.
+CREDENTIAL_ENV = {"database_url": "FLEET_DATABASE_URL", "redis_url": "FLEET_REDIS_URL"}
 
 
 def redact_url(url: str) -> str:
@@ -279,6 +160,12 @@ def redact_url(url: str) -> str:
         return f"://{user}:***@" if colon else "://***@"
 
     return URL_USERINFO.sub(masked, url)
+
+
+def has_credentials(text: str) -> bool:
+    """True for a URL with a password in it (`://user:pass@`, `://:pass@`)."""
+    match = URL_USERINFO.search(text)
+    return match is not None and ":" in match.group(1)
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -308,7 +195,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             "FLEET_REDIS_URL is not set and storage.redis_url is empty "
             "(`fleet up` starts a private Redis; `fleet gateway`/`fleet worker` need one)"
         )
-    token = env.get("FLEET_API_TOKEN")
+    token = env.get(profile.gateway.auth.token_env)
     key_prefix = f"profiles.{quote_key(profile_name)}"
     return Settings(
         profile_name=profile_name,
@@ -354,13 +241,20 @@ def resolve_blobs(section: BlobSection, key: str, env: Mapping[str, str]) -> Res
 
 def read_config_file(path: Path) -> ConfigFile:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found (set FLEET_CONFIG)") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    return parse_config_text(text, path)
+
+
+def parse_config_text(text: str, path: Path) -> ConfigFile:
+    """The file's shape from its text (`path` only names it in errors)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     try:
         return msgspec.convert(data, ConfigFile)
     except msgspec.ValidationError as exc:
@@ -369,11 +263,20 @@ def read_config_file(path: Path) -> ConfigFile:
 
 def convert_profile(path: Path, name: str, table: dict[str, Any]) -> Profile:
     """Validate every profile, so a typo in one you are not using still fails at startup."""
+    prefix = f"profiles.{quote_key(name)}"
     try:
-        return msgspec.convert(table, Profile)
+        profile = msgspec.convert(table, Profile)
     except msgspec.ValidationError as exc:
-        prefix = f"profiles.{quote_key(name)}"
         raise ConfigError(f"{path}: {describe_validation_error(exc, prefix)}") from None
+    for key, variable in CREDENTIAL_ENV.items():
+        url = getattr(profile.storage, key)
+        if url and has_credentials(url):
+            # The file is read by people and tools that should never see a password.
+            raise ConfigError(
+                f"{path}: {prefix}.storage.{key}: a URL with credentials is accepted only from an "
+                f"environment variable ({variable}), never from the config file"
+            )
+    return profile
 
 
 UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>.*)`$", re.DOTALL)

@@ -18,3 +18,14 @@ class InvalidTransition(FleetError):
 
 class SkillCardError(ConfigError):
     """A skill card file cannot be used; the message names the file and the key."""
+
+
+class SettingsConflict(FleetError):
+    """The policy file changed since the client read it (its revision no longer matches)."""
+
+
+class InvalidSettingChange(FleetError):
+    """A settings change is refused; the message is one line naming the key. Nothing was written."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.splitlines()))

@@ -1,16 +1,25 @@
-"""Sessions: create, list, read, and the task checkpoint."""
+"""Sessions: create, list, read, rename or archive, and the task checkpoint."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Controller, get, post
+import msgspec
+from litestar import Controller, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import ApiError, not_found
-from fleet_gateway.schemas import MAX_INT32, NO_NUL, CreateSession, SessionOut, SessionPage, TaskOut
+from fleet_gateway.schemas import (
+    MAX_INT32,
+    NO_NUL,
+    CreateSession,
+    SessionOut,
+    SessionPage,
+    TaskOut,
+    UpdateSession,
+)
 from fleet_gateway.streaming import iso
 from fleet_shared.db import queries
 from fleet_shared.db.models import Session
@@ -56,6 +65,22 @@ class SessionController(Controller):
     @get("/{session_id:str}")
     async def get_session(self, db: NamedDependency[AsyncSession], session_id: FromPath[str]) -> SessionOut:
         return SessionOut.of(await load_session(db, session_id), iso)
+
+    @patch("/{session_id:str}")
+    async def update_session(
+        self, db: NamedDependency[AsyncSession], session_id: FromPath[str], data: JSONBody[UpdateSession]
+    ) -> SessionOut:
+        """Rename and/or archive a session. An archived session refuses new Turns (409
+        `session_archived`); a Turn already running finishes, and history stays readable."""
+        if data.title is msgspec.UNSET and data.status is msgspec.UNSET:
+            raise ApiError(422, "validation_error", "body: set at least one of title, status")
+        session = await load_session(db, session_id)
+        title = None if data.title is msgspec.UNSET else data.title.strip()
+        status = None if data.status is msgspec.UNSET else data.status
+        updated = await queries.update_session(db, session.id, title=title, status=status)
+        if updated is None:
+            raise not_found("session")
+        return SessionOut.of(updated, iso)
 
     @get("/{session_id:str}/task")
     async def get_task(self, db: NamedDependency[AsyncSession], session_id: FromPath[str]) -> TaskOut:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from typing import Annotated, assert_never
 
 import structlog
 from litestar import Controller, get, post
+from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter, JSONBody, QueryParameter
 from litestar.response import Stream
@@ -24,18 +25,29 @@ from fleet_shared.run_state import is_terminal
 from fleet_shared.skills import SKILL_ID
 
 log = structlog.get_logger(__name__)
+TURN_STREAM_DESCRIPTION = (
+    "The Turn as an AI SDK UI message stream v1 (`x-vercel-ai-ui-message-stream: v1`): frames "
+    "`id: <seq>.<k>` + `data: <one JSON chunk>`: optional `data-status` heartbeats, one `start` "
+    "(messageId = the Run id), the body (`start-step`/`finish-step`, `reasoning-*`, "
+    "`tool-input-available`/`tool-output-available`/`tool-output-error`, `text-*`, `data-skill`, "
+    "`data-attachment`, `data-artifact`, `data-child-progress`, `data-warning`, `data-usage`), one "
+    "terminal (`finish`, `error` + `finish`, or `abort`), then `data: [DONE]`. docs/api.md has "
+    "every field."
+)
 
+# Litestar validates it (a 422 `validation_error` in the envelope): 1-128 printable ASCII
+# characters, not all of them spaces.
 IdempotencyKey = Annotated[
-    str | None, HeaderParameter(name="Idempotency-Key", required=False, description="1-128 characters")
+    str,
+    HeaderParameter(
+        name="Idempotency-Key",
+        required=True,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[ -~]*[!-~][ -~]*$",
+        description="1-128 printable ASCII characters; the same key and body replays the same Run",
+    ),
 ]
-
-
-def check_idempotency_key(key: str | None) -> str:
-    if key is None or not key.strip():
-        raise ApiError(422, "validation_error", "the Idempotency-Key header is required")
-    if len(key) > 128 or not key.isprintable():
-        raise ApiError(422, "validation_error", "Idempotency-Key must be 1-128 printable characters")
-    return key
 
 
 async def check_attachments(db: AsyncSession, data: TurnRequest, limit: int) -> list[Attachment]:
@@ -86,16 +98,24 @@ def check_request(data: TurnRequest, max_text_chars: int) -> None:
 class TurnController(Controller):
     path = "/api/sessions/{session_id:str}/turns"
 
-    @post("/", status_code=200)
+    @post(
+        "/",
+        status_code=200,
+        media_type="text/event-stream",
+        response_description=TURN_STREAM_DESCRIPTION,
+        response_headers=[
+            ResponseHeader(name="X-Fleet-Run-ID", description="the Run's UUID", documentation_only=True)
+        ],
+    )
     async def submit_turn(
         self,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
         session_id: FromPath[str],
         data: JSONBody[TurnRequest],
-        idempotency_key: IdempotencyKey = None,
+        idempotency_key: IdempotencyKey,
     ) -> Stream:
-        key = check_idempotency_key(idempotency_key)
+        key = idempotency_key
         check_request(data, gw.settings.profile.gateway.limits.max_text_chars)
         # Plain strings from here on: a lost race rolls the DB session back, expiring ORM objects.
         session_id = (await load_session(db, session_id)).id
@@ -149,13 +169,21 @@ class TurnController(Controller):
 
 
 def refusal(outcome: queries.ClaimRefused) -> ApiError:
-    if outcome.reason == "turn_in_progress":
-        return ApiError(409, "turn_in_progress", "a Turn is already running in this session")
-    return ApiError(
-        409,
-        "idempotency_key_mismatch",
-        "this Idempotency-Key was already used with a different request body",
-    )
+    match outcome.reason:
+        case "turn_in_progress":
+            return ApiError(409, "turn_in_progress", "a Turn is already running in this session")
+        case "session_archived":
+            return ApiError(
+                409, "session_archived", "this session is archived: set its status to active to continue"
+            )
+        case "idempotency_key_mismatch":
+            return ApiError(
+                409,
+                "idempotency_key_mismatch",
+                "this Idempotency-Key was already used with a different request body",
+            )
+        case _:
+            assert_never(outcome.reason)
 
 
 async def enqueue(db: AsyncSession, gw: GatewayState, run: Run) -> None:

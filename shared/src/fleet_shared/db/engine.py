@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import (
 
 # The revision the code expects. `tests/unit/shared/test_schema_head.py` fails if it drifts
 # from Alembic's head, so readiness never needs the migration scripts on disk.
-HEAD_REVISION = "0005_skills_and_task"
+HEAD_REVISION = "0006_feedback"
 CONNECT_TIMEOUT_SECONDS = 5
 
 

@@ -66,6 +66,23 @@ async def list_sessions(
     return rows.all(), int(total or 0)
 
 
+async def update_session(
+    db: AsyncSession, session_id: str, *, title: str | None = None, status: str | None = None
+) -> Session | None:
+    """Change the title and/or status; None when the session does not exist."""
+    # The UPDATE's row lock orders it with claims, which share-lock the row (is_archived).
+    session = await db.get(Session, session_id)
+    if session is None:
+        return None
+    if title is not None:
+        session.title = title
+    if status is not None:
+        session.status = status
+    session.updated_at = now()
+    await db.commit()
+    return session
+
+
 def contains_pattern(text: str) -> str:
     """A LIKE pattern (escape character `\\`) that matches `text` anywhere, taken literally."""
     return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
@@ -80,7 +97,7 @@ class Claimed(msgspec.Struct, frozen=True):
 
 
 class ClaimRefused(msgspec.Struct, frozen=True):
-    reason: Literal["idempotency_key_mismatch", "turn_in_progress"]
+    reason: Literal["idempotency_key_mismatch", "turn_in_progress", "session_archived"]
     run_id: str | None = None
 
 
@@ -110,7 +127,7 @@ async def claim_turn(
     the worker stages and loads them from there)."""
     outcome = await existing_outcome(db, session_id, idempotency_key, fingerprint)
     if outcome is not None:
-        return outcome
+        return outcome  # the key first: a Run that exists replays, even in an archived session
     last = await db.scalar(select(func.max(Turn.sequence)).where(Turn.session_id == session_id))
     user_sequence = int(last or 0) + 1
     stamp = now()
@@ -144,6 +161,10 @@ async def claim_turn(
         )
     )
     try:
+        await db.flush()
+        if await is_archived(db, session_id):
+            await db.rollback()
+            return ClaimRefused("session_archived")
         await db.commit()
     except IntegrityError:
         # A concurrent claim won the race: answer as if it had committed before we looked.
@@ -151,6 +172,14 @@ async def claim_turn(
         outcome = await existing_outcome(db, session_id, idempotency_key, fingerprint)
         return outcome or ClaimRefused("turn_in_progress")
     return Claimed(run, created=True)
+
+
+async def is_archived(db: AsyncSession, session_id: str) -> bool:
+    """Asked after the claim's rows are written, inside its transaction, so it is atomic with the
+    claim: PostgreSQL share-locks the session row (an archive in flight is waited for; a later one
+    waits for our commit), and SQLite's write lock keeps any other writer out until we commit."""
+    query = select(Session.status).where(Session.id == session_id).with_for_update(read=True)
+    return await db.scalar(query) == "archived"
 
 
 async def existing_outcome(

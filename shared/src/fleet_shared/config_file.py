@@ -1,0 +1,188 @@
+"""The config file's schema: one msgspec Struct per TOML table (docs/configuration.md).
+
+Unknown keys are errors and values are immutable. `fleet_shared.config` loads a file into these
+and resolves it (env references, paths) into `Settings`; import them from there.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Z_][A-Z0-9_]*$")]
+
+
+class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base for every config table: unknown keys are errors, values are immutable."""
+
+
+class RuntimeSection(Section):
+    heartbeat_seconds: Annotated[float, msgspec.Meta(ge=1, le=300)] = 10
+    turn_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 600
+
+
+class LMSection(Section):
+    """One LM. `model` names it directly; `model_env` names the env var that holds the name.
+
+    `script` (scripted LMs only) is a JSONL file, relative to the config file's folder.
+    """
+
+    model: str | None = None
+    model_env: EnvName | None = None
+    script: str | None = None
+    api_key_env: EnvName | None = None
+    base_url_env: EnvName | None = None
+    num_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
+    # One HTTP request to the provider (a retry gets its own); the Turn settles at its deadline
+    # regardless (docs/rlm.md, the provider path).
+    request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 120
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+
+class LLMSection(Section):
+    root: LMSection
+    sub: LMSection | None = None
+
+
+class RLMSection(Section):
+    max_iters: Annotated[int, msgspec.Meta(ge=1, le=200)] = 20
+    max_llm_calls: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 50
+    max_output_chars: Annotated[int, msgspec.Meta(ge=100)] = 10_000
+    # Host-side caps on what a Turn can produce (enforced before events and the DB).
+    max_answer_chars: Annotated[int, msgspec.Meta(ge=100, le=10_000_000)] = 100_000
+    max_tool_input_chars: Annotated[int, msgspec.Meta(ge=100, le=10_000_000)] = 100_000
+    max_events: Annotated[int, msgspec.Meta(ge=100, le=1_000_000)] = 5_000
+    max_history_turns: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 20
+    max_history_chars: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 50_000
+    recursion: bool = False  # `rlm_query` child RLMs (one level; docs/rlm.md)
+    max_children: Annotated[int, msgspec.Meta(ge=1, le=32)] = 4
+    child_max_iters: Annotated[int, msgspec.Meta(ge=1, le=100)] = 8
+    child_max_llm_calls: Annotated[int, msgspec.Meta(ge=2, le=10_000)] = 12
+    batch_concurrency: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+
+
+class LocalSandboxSection(Section):
+    allow_unisolated: bool = False
+    python: str = "auto"
+    cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
+    memory_mb: Annotated[int, msgspec.Meta(ge=64)] = 1024
+    max_processes: Annotated[int, msgspec.Meta(ge=1)] = 64
+    max_file_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
+    tmp_mb: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 256
+    workspace_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000
+    cpus: Annotated[float, msgspec.Meta(gt=0, le=256)] = 1.0
+    uid_base: Annotated[int, msgspec.Meta(ge=1000, le=2**31 - 2**17)] = 200_000
+    uid_count: Annotated[int, msgspec.Meta(ge=1, le=2**17)] = 65_536
+    pool_size: Annotated[int, msgspec.Meta(ge=0, le=256)] = 4
+    pool_idle_seconds: Annotated[float, msgspec.Meta(ge=1)] = 300
+
+
+class DaytonaSection(Section):
+    """One Daytona sandbox per session (see docs/daytona.md). Secrets are env var names only."""
+
+    api_key_env: EnvName = "FLEET_DAYTONA_API_KEY"
+    api_url_env: EnvName | None = None
+    target: str | None = None
+    snapshot: str = "fleet-repl"  # `fleet daytona snapshot` builds it
+    volume: str = "fleet-workspaces"  # one per deployment; each session mounts its own subpath
+    deployment: str = "fleet"  # the `fleet.deployment` label: what the sweep may delete
+    cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
+    startup_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
+    create_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
+    auto_stop_minutes: Annotated[int, msgspec.Meta(ge=0)] = 15
+    idle_minutes: Annotated[float, msgspec.Meta(gt=0)] = 30  # then the sweep deletes the sandbox
+
+
+class SandboxSection(Section):
+    provider: Literal["local", "daytona"] = "local"
+    local: LocalSandboxSection = msgspec.field(default_factory=LocalSandboxSection)
+    daytona: DaytonaSection | None = None
+
+
+class BlobSection(Section):
+    """Where attachment and artifact bytes live: a folder (embedded stack, or a volume shared by
+    gateways and workers), or an S3-compatible bucket. Credentials are env var names only."""
+
+    backend: Literal["local", "s3"] = "local"
+    local_dir: str | None = None  # default: <data_dir>/blobs
+    s3_bucket: str | None = None
+    s3_prefix: str = "fleet"
+    s3_region: str = "us-east-1"
+    s3_endpoint_env: EnvName | None = None
+    s3_access_key_env: EnvName | None = None
+    s3_secret_key_env: EnvName | None = None
+    s3_allow_http: bool = False  # only for an endpoint on a private network
+
+
+class StorageSection(Section):
+    data_dir: str = ".fleet"
+    database_url: str | None = None
+    redis_url: str | None = None
+    blobs: BlobSection = msgspec.field(default_factory=BlobSection)
+    max_attachment_mb: Annotated[int, msgspec.Meta(ge=1, le=10_240)] = 50
+    max_artifact_mb: Annotated[int, msgspec.Meta(ge=1, le=10_240)] = 100
+    max_artifacts_per_run: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 20
+    max_attachments_per_turn: Annotated[int, msgspec.Meta(ge=0, le=20)] = 10
+
+
+class WorkerSection(Section):
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
+    lease_seconds: Annotated[float, msgspec.Meta(ge=2)] = 3
+    drain_seconds: Annotated[float, msgspec.Meta(ge=0)] = 30
+    queue_name: str = "fleet:queue"
+
+
+class LimitsSection(Section):
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1_048_576
+    max_text_chars: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 100_000
+    # All request headers together; past it the answer is 431 in the envelope (Granian's own
+    # buffer takes far more).
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1_048_576)] = 16_384
+
+
+class AuthSection(Section):
+    """Bearer auth for `/api/*`: on when the named variable is set (the token itself never lives
+    in the file)."""
+
+    token_env: EnvName = "FLEET_API_TOKEN"
+
+
+class GatewaySection(Section):
+    limits: LimitsSection = msgspec.field(default_factory=LimitsSection)
+    auth: AuthSection = msgspec.field(default_factory=AuthSection)
+    # An SSE connection ends after this long (the client resumes with Last-Event-ID), so proxies
+    # and rolling deploys never wait on a stream forever.
+    stream_max_seconds: Annotated[float, msgspec.Meta(ge=10, le=86_400)] = 900
+    # On SIGTERM, open connections (streams included) get this long before the gateway's
+    # processes are killed; clients resume on another gateway.
+    shutdown_grace_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 5
+
+
+class ObservabilitySection(Section):
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+
+
+class Profile(Section):
+    llm: LLMSection
+    runtime: RuntimeSection = msgspec.field(default_factory=RuntimeSection)
+    rlm: RLMSection = msgspec.field(default_factory=RLMSection)
+    sandbox: SandboxSection = msgspec.field(default_factory=SandboxSection)
+    storage: StorageSection = msgspec.field(default_factory=StorageSection)
+    worker: WorkerSection = msgspec.field(default_factory=WorkerSection)
+    gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
+    observability: ObservabilitySection = msgspec.field(default_factory=ObservabilitySection)
+
+
+class FileHeader(Section):
+    default_profile: str
+
+
+class ConfigFile(Section):
+    """The file's shape. Profiles stay raw here and are validated one at a time, by name."""
+
+    config: FileHeader
+    profiles: dict[str, dict[str, Any]]

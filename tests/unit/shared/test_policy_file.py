@@ -1,0 +1,197 @@
+"""`fleet_shared.policy_file`: edits of a copy of the shipped policy file keep its comments, pass
+startup's validation or write nothing, refuse secrets, and replace the file atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from fleet_shared import policy_file
+from fleet_shared.config import load_settings
+from fleet_shared.errors import ConfigError, InvalidSettingChange, SettingsConflict
+
+REPO = Path(__file__).resolve().parents[3]
+SHIPPED = REPO / "config" / "fleet.toml"
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    copy = tmp_path / "fleet.toml"
+    shutil.copyfile(SHIPPED, copy)
+    return copy
+
+
+def revision(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def comments(text: str) -> list[str]:
+    return [line[line.index("#") :] for line in text.splitlines() if "#" in line]
+
+
+def test_the_snapshot_names_the_file_and_holds_the_profiles(config: Path) -> None:
+    snapshot = policy_file.read_snapshot(config)
+    assert snapshot.revision == revision(config)
+    assert snapshot.name == "fleet.toml"
+    assert snapshot.default_profile == "offline"
+    assert snapshot.profiles["local"]["llm"]["root"]["api_key_env"] == "FLEET_LM_API_KEY"
+    assert set(snapshot.profiles) >= {"offline", "local", "daytona"}
+
+
+def test_a_change_keeps_every_comment_and_loads_at_startup(config: Path) -> None:
+    before = config.read_text()
+    snapshot = policy_file.apply_changes(
+        config,
+        revision(config),
+        {
+            "profiles.local.rlm.max_iters": 30,
+            "profiles.offline.worker.lease_seconds": 4,  # the line carries a trailing comment
+            "config.default_profile": "local",
+        },
+    )
+    after = config.read_text()
+    assert comments(after) == comments(before)
+    assert "lease_seconds = 4  # renewed every second" in after
+    assert snapshot.revision == revision(config) and snapshot.default_profile == "local"
+    assert snapshot.profiles["local"]["rlm"]["max_iters"] == 30
+    # Only the three lines changed.
+    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines(), strict=True) if a != b]
+    assert len(changed) == 3
+    settings = load_settings(
+        {
+            "FLEET_CONFIG": str(config),
+            "FLEET_PROFILE": "offline",
+            "FLEET_REDIS_URL": "redis://127.0.0.1:1/0",
+            "FLEET_SCRIPTED_LM": str(REPO / "config" / "scripts" / "demo.jsonl"),
+        }
+    )
+    assert settings.profile.worker.lease_seconds == 4
+
+
+def test_a_new_table_is_created_and_null_removes_a_key(config: Path) -> None:
+    policy_file.apply_changes(
+        config,
+        revision(config),
+        {
+            "profiles.local.gateway.auth.token_env": "MY_GATEWAY_TOKEN",
+            "profiles.daytona.worker.drain_seconds": None,
+        },
+    )
+    snapshot = policy_file.read_snapshot(config)
+    assert snapshot.profiles["local"]["gateway"]["auth"] == {"token_env": "MY_GATEWAY_TOKEN"}
+    assert snapshot.profiles["local"]["gateway"]["limits"]["max_body_bytes"] == 1048576
+    assert "drain_seconds" not in snapshot.profiles["daytona"]["worker"]
+    assert "[profiles.local.gateway.auth]" in config.read_text()
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"profiles.local.rlm.max_iters": 1000}, "profiles.local.rlm.max_iters"),
+        ({"profiles.local.rlm.max_iters": "many"}, "profiles.local.rlm.max_iters"),
+        ({"profiles.local.rlm.bogus": 1}, "profiles.local.rlm.bogus: unknown key"),
+        ({"config.bogus": 1}, "config.bogus: unknown key"),
+        ({"config.default_profile": "nowhere"}, "nowhere"),
+        ({"profiles.offline": None}, "offline"),  # the default profile cannot go
+        ({"profiles.local.rlm.max_iters.deeper": 1}, "profiles.local.rlm.max_iters: is a value"),
+        ({"profiles.local.rlm": 3}, "profiles.local.rlm: is a table"),
+        ({"bogus.key": 1}, "bogus.key: not a setting"),
+        ({"profiles": 1}, "profiles: not a setting"),
+        ({'profiles."odd key".x': 1}, "not a setting"),
+        ({"profiles.local.llm.root.api_key_env": "sk-live-0123"}, "NAME of an environment variable"),
+        ({"profiles.local.llm.root.api_key_env": 5}, "NAME of an environment variable"),
+        ({"profiles.offline.storage.database_url": "postgresql://fleet:hunter2@db/fleet"}, "credentials"),
+        ({"profiles.offline.storage.redis_url": "redis://:hunter2@cache:6379/0"}, "credentials"),
+        ({"profiles.offline.llm.root.model": "x://u:hunter2@h"}, "credentials"),
+        ({f"profiles.offline.rlm.k{i}": i for i in range(51)}, "at most 50"),
+        ({}, "at least one"),
+    ],
+)
+def test_a_refused_change_writes_nothing(config: Path, changes: dict[str, object], named: str) -> None:
+    before = config.read_bytes()
+    with pytest.raises(InvalidSettingChange) as info:
+        policy_file.apply_changes(config, revision(config), changes)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert named in message and "\n" not in message
+    assert "hunter2" not in message and str(config.parent) not in message
+    assert config.read_bytes() == before
+    assert sorted(p.name for p in config.parent.iterdir()) == ["fleet.toml"]  # no temp file left
+
+
+def test_a_profile_a_process_runs_cannot_be_removed(config: Path) -> None:
+    with pytest.raises(InvalidSettingChange, match="local"):
+        policy_file.apply_changes(config, revision(config), {"profiles.local": None}, keep_profiles=["local"])
+    policy_file.apply_changes(config, revision(config), {"profiles.local-recursive": None})
+    assert "local-recursive" not in policy_file.read_snapshot(config).profiles
+
+
+def test_a_stale_revision_is_a_conflict(config: Path) -> None:
+    stale = revision(config)
+    policy_file.apply_changes(config, stale, {"profiles.local.rlm.max_iters": 21})
+    before = config.read_bytes()
+    with pytest.raises(SettingsConflict):
+        policy_file.apply_changes(config, stale, {"profiles.local.rlm.max_iters": 22})
+    assert config.read_bytes() == before
+
+
+def test_a_write_by_another_process_before_the_replace_is_a_conflict(config: Path) -> None:
+    """The file is read again right before the rename: another writer's change is never lost."""
+    expected = revision(config)
+    config.write_text(config.read_text() + "\n# another editor\n")
+    edited = config.read_bytes()
+    with pytest.raises(SettingsConflict):
+        policy_file.replace_atomically(config, b"[config]\n", expected)
+    assert config.read_bytes() == edited
+    assert sorted(p.name for p in config.parent.iterdir()) == ["fleet.toml"]
+
+
+def test_concurrent_changes_from_one_revision_admit_exactly_one(config: Path) -> None:
+    start = revision(config)
+    outcomes: list[str] = []
+
+    def change(value: int) -> None:
+        try:
+            policy_file.apply_changes(config, start, {"profiles.local.rlm.max_iters": value})
+            outcomes.append(f"ok {value}")
+        except SettingsConflict:
+            outcomes.append("conflict")
+
+    threads = [threading.Thread(target=change, args=(31 + i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [o for o in outcomes if o.startswith("ok")]
+    assert len(winners) == 1 and outcomes.count("conflict") == 7
+    assert policy_file.read_snapshot(config).profiles["local"]["rlm"]["max_iters"] == int(winners[0][3:])
+
+
+def test_the_file_mode_is_kept_and_a_symlink_stays_a_link(config: Path, tmp_path: Path) -> None:
+    config.chmod(0o640)
+    link = tmp_path / "link.toml"
+    link.symlink_to(config)
+    policy_file.apply_changes(link, revision(config), {"profiles.local.rlm.max_iters": 25})
+    assert link.is_symlink() and (config.stat().st_mode & 0o777) == 0o640
+    assert policy_file.read_snapshot(config).profiles["local"]["rlm"]["max_iters"] == 25
+
+
+def test_a_password_edited_into_the_file_by_hand_is_never_shown(config: Path) -> None:
+    config.write_text(
+        config.read_text().replace(
+            'data_dir = ".fleet"', 'data_dir = ".fleet"\nredis_url = "redis://:hunter2@h/0"', 1
+        )
+    )
+    snapshot = policy_file.read_snapshot(config)
+    assert snapshot.profiles["offline"]["storage"]["redis_url"] == "redis://:***@h/0"
+
+
+def test_a_broken_file_on_disk_is_a_config_error(config: Path) -> None:
+    config.write_text("[config\n")
+    with pytest.raises(ConfigError, match=r"^fleet.toml: invalid TOML"):
+        policy_file.read_snapshot(config)
+    with pytest.raises(ConfigError):
+        policy_file.apply_changes(config, revision(config), {"config.default_profile": "x"})
