@@ -72,6 +72,13 @@ async def test_framework_errors_use_the_envelope(client: TestClient, harness: Ha
         headers={"content-type": "application/x-www-form-urlencoded", "Idempotency-Key": "a"},
     )
     assert "application/json" in assert_envelope(form, 415, "unsupported_media_type")["message"]
+    # No body at all is not a content-type question (`curl -X PUT -d ''` sends form-urlencoded).
+    empty = client.put(
+        "/api/runs/00000000-0000-0000-0000-000000000000/cancellation",
+        content=b"",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert_envelope(empty, 404, "not_found")
     malformed = client.post(
         turns, content=b"{nope", headers={"content-type": "application/json", "Idempotency-Key": "a"}
     )

@@ -18,6 +18,7 @@ from litestar.types import Receive, Scope, Send
 
 from fleet_gateway.app import create_app
 from fleet_shared.config import Settings, load_settings
+from tests.support.policy import LOCAL_LM_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "sk-env-value-never-shown"
@@ -35,8 +36,18 @@ class FromPeer:
         await self.app(scope, receive, send)
 
 
+@pytest.fixture(autouse=True)
+def gateway_environment(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    """A PATCH is loaded as the next startup would load it, with the gateway's environment: this
+    one can start the shipped `offline` and `local` profiles."""
+    monkeypatch.setenv("FLEET_REDIS_URL", redis_url)
+    for name, value in LOCAL_LM_ENV.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "config" / "scripts", tmp_path / "scripts")  # the offline profile's script
     copy = tmp_path / "fleet.toml"
     shutil.copyfile(REPO / "config" / "fleet.toml", copy)
     return copy
@@ -195,7 +206,8 @@ def test_an_invalid_change_is_refused_and_the_file_is_unchanged(
     assert response.json()["code"] == "validation_error"
     assert named in response.json()["message"] and "hunter2" not in response.text
     assert config.read_bytes() == before
-    assert sorted(p.name for p in config.parent.iterdir()) == ["fleet.toml"]
+    kept = sorted(p.name for p in config.parent.iterdir() if not p.name.endswith(".lock"))
+    assert kept == ["fleet.toml", "scripts"]  # no temp file
 
 
 @pytest.mark.parametrize(

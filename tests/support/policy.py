@@ -12,6 +12,12 @@ import shutil
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# What the shipped `local` profile needs from the environment (nothing here is ever called).
+LOCAL_LM_ENV = {
+    "FLEET_LM_MODEL": "openai/x",
+    "FLEET_LM_API_KEY": "k",
+    "FLEET_LM_BASE_URL": "http://127.0.0.1:1/v1",
+}
 SHIPPED = REPO / "config"
 
 

@@ -89,6 +89,8 @@ def require_json_body(request: Request[Any, Any, Any]) -> None:
     envelope (not a confusing "not valid JSON" 422). No content-type is taken as JSON."""
     if request.method not in ("POST", "PUT", "PATCH") or request.url.path in MULTIPART_PATHS:
         return
+    if request.headers.get("content-length") == "0":  # no body (`curl -X PUT -d ''`, `fetch` with "")
+        return
     declared = request.headers.get("content-type")
     if declared is None:
         return

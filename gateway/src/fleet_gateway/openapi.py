@@ -98,9 +98,29 @@ def complete(document: OpenAPI) -> None:
     upload = paths.get("/api/attachments")
     if upload is not None and upload.post is not None:
         upload.post.request_body = UPLOAD_BODY  # the route parses multipart itself, streaming
+    content = paths.get("/api/artifacts/{artifact_id}/content")
+    if content is not None and content.get is not None:
+        document_download(content.get)
     resume = paths.get("/api/runs/{run_id}/stream")
     if resume is not None and resume.get is not None:
         document_resume(resume.get)
+
+
+def document_download(operation: Operation) -> None:
+    """The artifact's bytes, in its own media type, whole (200), by range (206), or not at all (304)."""
+    responses = dict(operation.responses or {})
+    binary = {"*/*": OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY))}
+    for status, description in (
+        ("200", 'the whole file, with Content-Length and ETag: "<sha256>"'),
+        ("206", "the requested byte range (Range: bytes=…)"),
+    ):
+        responses[status] = OpenAPIResponse(
+            description=description, content=binary, headers={"x-request-id": REQUEST_ID}
+        )
+    responses["304"] = OpenAPIResponse(
+        description="If-None-Match named its ETag: nothing changed", headers={"x-request-id": REQUEST_ID}
+    )
+    operation.responses = responses
 
 
 def document_resume(operation: Operation) -> None:
@@ -140,9 +160,11 @@ def statuses(path: str, method: str, operation: Operation) -> list[str]:
     if "{" in path:
         found.append("404")
     if operation.request_body is not None:
-        found += ["413", "415"]
+        found.append("413")
+    if method in ("post", "put", "patch"):
+        found.append("415")  # a body that is not JSON (the upload: not multipart)
     if path == "/api/settings":
-        found += ["403", "409"]
+        found += ["403", "409"] if method == "patch" else ["403"]
     if method == "post" and path.endswith("/turns"):
         found.append("409")
     if path.endswith("/content") and path.startswith("/api/artifacts"):
@@ -150,7 +172,9 @@ def statuses(path: str, method: str, operation: Operation) -> list[str]:
     if path.startswith(("/api/files", "/api/volume")):  # the session named in the query
         found.append("404")
     if path == "/api/attachments" and method == "post":
-        found += ["413", "415"]
+        found.append("413")
+    if path == "/api/files/content":
+        found.append("415")  # a binary file: fetch it as an artifact instead
     found.append("431")
     return sorted(set(found))
 

@@ -162,10 +162,17 @@ def redact_url(url: str) -> str:
     return URL_USERINFO.sub(masked, url)
 
 
+URL_SECRET_QUERY = re.compile(r"[?&](password|passwd|pwd|token|secret|api_?key)=", re.IGNORECASE)
+
+
 def has_credentials(text: str) -> bool:
-    """True for a URL with a password in it (`://user:pass@`, `://:pass@`)."""
+    """True for a URL carrying a secret: a password in its user-info (`user:pass@`, `:pass@`)
+    or a password-like query parameter (`?password=`). A bare user name (`postgres@db`, trust
+    auth) is not a secret."""
+    if "://" not in text:
+        return False
     match = URL_USERINFO.search(text)
-    return match is not None and ":" in match.group(1)
+    return (match is not None and ":" in match.group(1)) or URL_SECRET_QUERY.search(text) is not None
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:

@@ -3,12 +3,14 @@ comments and layout, the same validation as startup, and an atomic replace."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import tempfile
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from tomlkit.items import InlineTable, Table
 from fleet_shared.config import (
     convert_profile,
     has_credentials,
+    load_settings,
     parse_config_text,
     quote_key,
     redact_url,
@@ -81,8 +84,8 @@ def redacted(value: Any) -> Any:
         return {key: redacted(item) for key, item in value.items()}
     if isinstance(value, list):
         return [redacted(item) for item in value]
-    if isinstance(value, str) and has_credentials(value):
-        return redact_url(value)
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return redact_url(value)  # any user-info: a bare token shows as ***
     return value
 
 
@@ -91,6 +94,8 @@ def apply_changes(
     expected_revision: str,
     changes: Mapping[str, SettingValue],
     keep_profiles: Collection[str] = (),
+    *,
+    require_auth: bool = False,
 ) -> PolicySnapshot:
     """Set dotted keys (`None` removes one) if the file is still at `expected_revision`.
 
@@ -100,7 +105,7 @@ def apply_changes(
     """
     check_changes(changes)
     target = path.resolve()  # a symlinked file: edit what it points at, keep the link
-    with WRITE_LOCK:
+    with WRITE_LOCK, locked(target):
         original = target.read_bytes()
         if revision_of(original) != expected_revision:
             raise SettingsConflict
@@ -112,6 +117,7 @@ def apply_changes(
             set_key(document, key, value)
         data = tomlkit.dumps(document).encode("utf-8")
         validate(data, path.name, keep_profiles)
+        check_restart(data, target, keep_profiles, require_auth=require_auth)
         replace_atomically(target, data, expected_revision)
     return snapshot_of(data, path.name)
 
@@ -182,6 +188,46 @@ def validate(data: bytes, name: str, keep_profiles: Collection[str]) -> None:
                 f"{name}: profile {quote_key(needed)} is in use (the default, or a running "
                 "process's) and cannot be removed"
             )
+
+
+@contextlib.contextmanager
+def locked(target: Path) -> Iterator[None]:
+    """An exclusive lock on a sibling lock file, from the read to the rename: other processes
+    (more gateway workers, more gateways on a shared file) wait instead of losing an update."""
+    with open(target.parent / f".{target.name}.lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def check_restart(data: bytes, target: Path, keep_profiles: Collection[str], *, require_auth: bool) -> None:
+    """Load the candidate exactly as a restart would, with this process's environment, for the
+    default profile and each profile in use: a change that would stop the next startup (a
+    missing script, an unset env var, a broken storage backend) is refused now. A change that
+    would switch bearer auth off while it is on is refused too."""
+    fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".check")
+    temp = Path(temp_name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        environ = {k: v for k, v in os.environ.items() if k != "FLEET_PROFILE"}
+        environ["FLEET_CONFIG"] = str(temp)
+        for profile in (None, *keep_profiles):
+            env = environ if profile is None else {**environ, "FLEET_PROFILE": profile}
+            try:
+                candidate = load_settings(env)
+            except ConfigError as exc:
+                message = str(exc).replace(str(temp), target.name).replace(temp.name, target.name)
+                raise InvalidSettingChange(message.replace(f"{target.parent}/", "")) from None  # no folder
+            if require_auth and candidate.api_token is None:
+                raise InvalidSettingChange(
+                    f"{target.name}: this change would switch bearer auth off "
+                    f"(profile {candidate.profile_name}: gateway.auth.token_env names an unset variable)"
+                )
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def replace_atomically(target: Path, data: bytes, expected_revision: str) -> None:

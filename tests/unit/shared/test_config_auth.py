@@ -90,6 +90,8 @@ def test_urls_without_a_password_in_the_file_and_with_one_in_env_are_fine(tmp_pa
         ("postgresql://user:pw@h/db", True),
         ("postgresql://user:p@ss@h/db", True),
         ("postgresql://user@h/db", False),
+        ("postgresql://h/db?password=pw", True),
+        ("postgresql://h/db?sslmode=require", False),
         ("http://h:8080/a@b", False),
         ("https://h/x:y@z", False),
         ("scripted/demo", False),

@@ -4,6 +4,7 @@ startup's validation or write nothing, refuse secrets, and replace the file atom
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -13,16 +14,32 @@ import pytest
 from fleet_shared import policy_file
 from fleet_shared.config import load_settings
 from fleet_shared.errors import ConfigError, InvalidSettingChange, SettingsConflict
+from tests.support.policy import LOCAL_LM_ENV
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "config" / "fleet.toml"
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> Path:
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # A change is loaded as a restart would load it, with the process's environment: the
+    # gateway's has a Redis URL, and nothing else of the shipped profiles is needed for offline.
+    for name in [n for n in os.environ if n.startswith("FLEET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("FLEET_REDIS_URL", "redis://127.0.0.1:1/0")
+    shutil.copytree(REPO / "config" / "scripts", tmp_path / "scripts")  # the offline profile's script
     copy = tmp_path / "fleet.toml"
     shutil.copyfile(SHIPPED, copy)
     return copy
+
+
+def leftovers(config: Path) -> list[str]:
+    """Files beside the policy file other than its lock file (kept: writers of every process share it)."""
+    return sorted(
+        p.name
+        for p in config.parent.iterdir()
+        if p.name not in (config.name, f".{config.name}.lock", "scripts")
+    )
 
 
 def revision(path: Path) -> str:
@@ -42,7 +59,12 @@ def test_the_snapshot_names_the_file_and_holds_the_profiles(config: Path) -> Non
     assert set(snapshot.profiles) >= {"offline", "local", "daytona"}
 
 
-def test_a_change_keeps_every_comment_and_loads_at_startup(config: Path) -> None:
+def test_a_change_keeps_every_comment_and_loads_at_startup(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The new default profile `local` must load with this environment, as a restart would.
+    for name, value in LOCAL_LM_ENV.items():
+        monkeypatch.setenv(name, value)
     before = config.read_text()
     snapshot = policy_file.apply_changes(
         config,
@@ -107,6 +129,15 @@ def test_a_new_table_is_created_and_null_removes_a_key(config: Path) -> None:
         ({"profiles.offline.storage.database_url": "postgresql://fleet:hunter2@db/fleet"}, "credentials"),
         ({"profiles.offline.storage.redis_url": "redis://:hunter2@cache:6379/0"}, "credentials"),
         ({"profiles.offline.llm.root.model": "x://u:hunter2@h"}, "credentials"),
+        ({"profiles.offline.storage.database_url": "postgresql://db/fleet?password=x"}, "credentials"),
+        # Valid per profile, but the next startup would fail: refused now (found in review).
+        ({"profiles.offline.llm.root.script": "nope.jsonl"}, "does not exist"),
+        (
+            {"profiles.offline.llm.root.api_key_env": "FLEET_NOT_SET_ANYWHERE"},
+            "FLEET_NOT_SET_ANYWHERE is not set",
+        ),
+        ({"profiles.offline.llm.root.model": None}, "exactly one of `model` or `model_env`"),
+        ({"config.default_profile": "local"}, "FLEET_LM_MODEL is not set"),
         ({f"profiles.offline.rlm.k{i}": i for i in range(51)}, "at most 50"),
         ({}, "at least one"),
     ],
@@ -119,7 +150,49 @@ def test_a_refused_change_writes_nothing(config: Path, changes: dict[str, object
     assert named in message and "\n" not in message
     assert "hunter2" not in message and str(config.parent) not in message
     assert config.read_bytes() == before
-    assert sorted(p.name for p in config.parent.iterdir()) == ["fleet.toml"]  # no temp file left
+    assert leftovers(config) == []  # no temp file left
+
+
+def test_a_change_that_would_switch_bearer_auth_off_is_refused(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_API_TOKEN", "tok")
+    before = config.read_bytes()
+    with pytest.raises(InvalidSettingChange, match="switch bearer auth off"):
+        policy_file.apply_changes(
+            config,
+            revision(config),
+            {"profiles.offline.gateway.auth.token_env": "FLEET_TYPO_TOKEN"},
+            require_auth=True,
+        )
+    assert config.read_bytes() == before
+
+
+def test_writers_in_other_processes_wait_for_the_lock(config: Path) -> None:
+    """Found in review: the lock was per process. Two processes change the file from one
+    revision: one wins, the other gets a conflict, and no update is lost silently."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start = revision(config)
+    results = context.Queue()
+    processes = [
+        context.Process(target=change_in_child, args=(config, start, 40 + i, results)) for i in range(4)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(30)
+    outcomes = sorted(results.get(timeout=5) for _ in processes)
+    assert outcomes.count("conflict") == 3 and len([o for o in outcomes if o.startswith("ok")]) == 1
+
+
+def change_in_child(config: Path, start: str, value: int, results: object) -> None:
+    try:
+        policy_file.apply_changes(config, start, {"profiles.local.rlm.max_iters": value})
+        results.put(f"ok {value}")  # type: ignore[attr-defined]
+    except SettingsConflict:
+        results.put("conflict")  # type: ignore[attr-defined]
 
 
 def test_a_profile_a_process_runs_cannot_be_removed(config: Path) -> None:
@@ -146,7 +219,7 @@ def test_a_write_by_another_process_before_the_replace_is_a_conflict(config: Pat
     with pytest.raises(SettingsConflict):
         policy_file.replace_atomically(config, b"[config]\n", expected)
     assert config.read_bytes() == edited
-    assert sorted(p.name for p in config.parent.iterdir()) == ["fleet.toml"]
+    assert leftovers(config) == []
 
 
 def test_concurrent_changes_from_one_revision_admit_exactly_one(config: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import Controller, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import not_found
@@ -27,9 +28,13 @@ class FeedbackController(Controller):
         forwarded and `forwarded` is always false. A Run of another session answers the same 404
         as an unknown one."""
         session = await load_session(db, session_id)
-        row = await record_feedback(
-            db, session_id=session.id, run_id=str(data.run_id), rating=data.rating, comment=data.comment
-        )
+        try:
+            row = await record_feedback(
+                db, session_id=session.id, run_id=str(data.run_id), rating=data.rating, comment=data.comment
+            )
+        except IntegrityError:  # the Run was withdrawn (its enqueue failed) as this landed
+            await db.rollback()
+            row = None
         if row is None:
             raise not_found("run")
         return FeedbackOut.of(row, iso)

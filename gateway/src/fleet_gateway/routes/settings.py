@@ -60,6 +60,7 @@ class SettingsController(Controller):
                 data.revision,
                 data.set,
                 (gw.settings.profile_name,),  # a restart of this process must find its profile
+                require_auth=gw.settings.api_token is not None,
             )
         except SettingsConflict:
             raise ApiError(
