@@ -8,6 +8,8 @@ Each generated request is sent with the token; most path ids (and the files API'
 are swapped for ids that exist, so the fuzzer gets past the 404s into the routes' own checks.
 Every response must:
 - not be a 5xx (`not_a_server_error`);
+- have a documented status and content type (`status_code_conformance`,
+  `content_type_conformance`);
 - match its documented schema (`response_schema_conformance`), except the Turn streams, which
   schemathesis cannot read: those must keep the stream contract (tests/e2e/contract.py) instead;
 - carry `x-request-id`, and when it is an error, be the `{code, message}` envelope.
@@ -36,7 +38,11 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Ok
-from schemathesis.specs.openapi.checks import response_schema_conformance
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from tests.e2e.conftest import REPO, Stack, start_stack, stop_stack, work_dir
 from tests.e2e.contract import check_stream
@@ -212,11 +218,17 @@ def check_response(case: Any, response: Any) -> None:
     if (case.method.upper(), case.operation.path) in STREAMS and is_stream:
         # schemathesis cannot read an event stream: its status is checked here, its body against
         # the stream contract.
-        case.validate_response(response, checks=[not_a_server_error])
+        case.validate_response(response, checks=[not_a_server_error, status_code_conformance])
         headers = {k: header(response, k) for k in response.headers}
         check_stream(parse_frames(response.content), headers, delivery=None, status=response.status_code)
     else:
-        case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
+        checks = [
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+        ]
+        case.validate_response(response, checks=checks)
     check_envelope(response)
 
 
