@@ -85,7 +85,7 @@ class ChildRunner:
             with self.lock:
                 self.children.remove(child)
             raise self.parent.refuse(MIN_CHILD_CALLS, "rlm_query")
-        self.emit(child, "started", "pending")
+        self.parent.emit(self.progress(child, "started", "pending"))
         state: ChildState = "failed"
         try:
             answer = self.run_child(child, task, budget_slice)
@@ -190,9 +190,6 @@ class ChildRunner:
             cleanup_state=cleanup,
             elapsed_ms=int((time.monotonic() - child.started) * 1000),
         )
-
-    def emit(self, child: Child, state: ChildState, cleanup: CleanupState) -> None:
-        self.parent.emit(self.progress(child, state, cleanup))
 
     def interrupt(self) -> None:
         """Kill the running cells of every child (the parent is being stopped)."""

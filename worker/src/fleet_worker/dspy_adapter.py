@@ -239,6 +239,22 @@ class ProgramResult:
     lm_usage: dict[str, dict[str, int]]
 
 
+def new_rlm(
+    signature: type[dspy.Signature],
+    limits: ProgramLimits,
+    sub_lm: dspy.LM,
+    tools: list[Callable[..., Any]] | None,
+) -> dspy.RLM:
+    return dspy.RLM(
+        signature,
+        max_iters=limits.max_iters,
+        max_llm_calls=limits.max_llm_calls,
+        max_output_chars=limits.max_output_chars,
+        sub_lm=sub_lm,
+        tools=tools or None,
+    )
+
+
 def run_program(
     *,
     request: str,
@@ -254,14 +270,7 @@ def run_program(
 ) -> ProgramResult:
     """Run one fresh dspy.RLM to completion, synchronously (the caller puts it in a thread).
     `tools` holds `rlm_query` when child RLMs are enabled."""
-    program = dspy.RLM(
-        TurnSignature,
-        max_iters=limits.max_iters,
-        max_llm_calls=limits.max_llm_calls,
-        max_output_chars=limits.max_output_chars,
-        sub_lm=sub_lm,
-        tools=tools or None,
-    )
+    program = new_rlm(TurnSignature, limits, sub_lm, tools)
     # trace=[] and disable_history=True: DSPy would otherwise append every predictor call to the
     # process-wide dspy.settings.trace and every LM call to the global LM history (10,000 entries
     # each), keeping each Turn's signature classes, prompts and predictions alive.
@@ -302,13 +311,7 @@ def run_child_program(
 ) -> str:
     """One child RLM, on the thread of the parent's `rlm_query`: no tools (so no grandchildren),
     its own callbacks, and the parent's usage tracker (its tokens are the Turn's)."""
-    program = dspy.RLM(
-        ChildSignature,
-        max_iters=limits.max_iters,
-        max_llm_calls=limits.max_llm_calls,
-        max_output_chars=limits.max_output_chars,
-        sub_lm=sub_lm,
-    )
+    program = new_rlm(ChildSignature, limits, sub_lm, None)
     callbacks = [DspyCallbacks(observer, program, root_lm)]
     with dspy.context(lm=root_lm, callbacks=callbacks, trace=[], disable_history=True):
         prediction = program(

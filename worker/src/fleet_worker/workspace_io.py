@@ -85,14 +85,13 @@ def stage_attachments(
                     code="attachment_unavailable",
                 ) from None
             copy.flush()
-            try:
-                lease.files.put(f"{ATTACHMENTS}/{name}", Path(copy.name))
-            except OSError:
-                raise TurnFailed(
-                    f"attachment {attachment.id} could not be copied into attachments/{name}: something "
-                    "of that name is in the way in the workspace (a folder?); remove it and send again",
-                    code="attachment_unavailable",
-                ) from None
+            put_or_fail(
+                lease,
+                f"{ATTACHMENTS}/{name}",
+                Path(copy.name),
+                f"attachment {attachment.id}",
+                "attachment_unavailable",
+            )
         sink.emit_threadsafe(
             AttachmentStaged(
                 run_id=sink.sequencer.run_id,
@@ -107,6 +106,18 @@ def stage_attachments(
     return described
 
 
+def put_or_fail(lease: SandboxLease, relative: str, source: Path, what: str, code: str) -> None:
+    """Copy a staged file into the workspace, or fail the Turn with `code` saying what is in the way."""
+    try:
+        lease.files.put(relative, source)
+    except OSError:
+        raise TurnFailed(
+            f"{what} could not be written to {relative}: something of that name is in the way in the "
+            "workspace (a folder?); remove it and send again",
+            code=code,
+        ) from None
+
+
 def stage_skills(lease: SandboxLease, skills: list[SkillRef], sink: EventSink) -> list[str]:
     """Write each selected skill card to skills/<id>.md (blocking), announcing it `activated`
     then `loaded`; the cards as the RLM is given them."""
@@ -118,14 +129,9 @@ def stage_skills(lease: SandboxLease, skills: list[SkillRef], sink: EventSink) -
         with tempfile.NamedTemporaryFile(prefix="fleet-skill-", mode="w", encoding="utf-8") as copy:
             copy.write(card)
             copy.flush()
-            try:
-                lease.files.put(f"{SKILLS}/{skill.id}.md", Path(copy.name))
-            except OSError:
-                raise TurnFailed(
-                    f"skill {skill.id} could not be written to skills/{skill.id}.md: something of that "
-                    "name is in the way in the workspace (a folder?); remove it and send again",
-                    code="skill_unavailable",
-                ) from None
+            put_or_fail(
+                lease, f"{SKILLS}/{skill.id}.md", Path(copy.name), f"skill {skill.id}", "skill_unavailable"
+            )
         sink.emit_threadsafe(skill_event(run_id, skill, "loaded"))
         body = skill.body
         if len(body) > SKILL_PROMPT_CHARS:
