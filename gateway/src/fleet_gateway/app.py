@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import os
 import socket
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -52,6 +51,7 @@ from fleet_shared.event_log import RunLog
 from fleet_shared.queue import deserialize_job, serialize_job
 from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import CONNECT_TIMEOUT_SECONDS, RETRY_ON_CONNECTION, listener, retry_policy
+from fleet_shared.shutdown import bounded, stop_loop
 
 log = structlog.get_logger(__name__)
 REDIS_RETRIES = 3  # 350 ms: a blip is absorbed; an outage is a quick 503 (clients retry)
@@ -67,15 +67,15 @@ def create_app(settings: Settings) -> Litestar:
     async def resources(_app: Litestar) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:  # teardown in reverse order
             engine = create_engine(settings.database_url)
-            stack.push_async_callback(engine.dispose)
+            stack.push_async_callback(bounded, "database.dispose", engine.dispose)
             arq = queue_client(settings)
-            stack.push_async_callback(arq.aclose)
+            stack.push_async_callback(bounded, "redis.queue.close", arq.aclose)
             events, probe = listener(settings.redis_url), probe_client(settings.redis_url)
-            stack.push_async_callback(events.aclose)
-            stack.push_async_callback(probe.aclose)
+            stack.push_async_callback(bounded, "redis.events.close", events.aclose)
+            stack.push_async_callback(bounded, "redis.probe.close", probe.aclose)
             fanout = EventFanout(events)
             await fanout.start()
-            stack.push_async_callback(fanout.stop)
+            stack.push_async_callback(bounded, "fanout.stop", fanout.stop)
             process_id = f"{socket.gethostname()}:{os.getpid()}"
             state = GatewayState(
                 settings=settings,
@@ -90,7 +90,7 @@ def create_app(settings: Settings) -> Litestar:
             )
             holder["state"] = state
             # Gateways sweep for lost Runs too, so a Run is recovered even when no worker is alive.
-            await stack.enter_async_context(running(make_sweeper(state).run_forever(SWEEP_INTERVAL_SECONDS)))
+            await stack.enter_async_context(sweeping(make_sweeper(state)))
             yield
 
     def provide_state() -> GatewayState:
@@ -178,15 +178,13 @@ def make_sweeper(state: GatewayState) -> Sweeper:
 
 
 @asynccontextmanager
-async def running(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
-    """A background task for the app's lifetime, cancelled at shutdown."""
-    task = asyncio.create_task(work)
+async def sweeping(sweeper: Sweeper) -> AsyncIterator[None]:
+    """The sweep loop for the app's lifetime; at shutdown it finishes the sweep it is in."""
+    task = asyncio.create_task(sweeper.run_forever(SWEEP_INTERVAL_SECONDS), name="fleet-sweep")
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_loop("sweep", task, sweeper.stopping)
 
 
 def dependency_down(what: str) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -32,6 +32,7 @@ from fleet_shared.event_log import Appended, RunLog, lease_token, read_all_after
 from fleet_shared.events import RunCancelled, RunEvent, RunFailed, is_terminal
 from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, ARQ_JOB_PREFIX, ARQ_RESULT_PREFIX
 from fleet_shared.run_state import RunCommand, RunStatus
+from fleet_shared.shutdown import pause
 from fleet_shared.transcript import fold_parts, tombstone_parts
 
 log = structlog.get_logger(__name__)
@@ -74,6 +75,7 @@ class Sweeper:
     restart_grace: float | None = None  # default: twice lease_seconds
     quiet_until: float = 0.0  # loop time before which no lost lease is believed (after a Redis fault)
     failures: int = 0  # sweeps failed in a row (logged on the first, then every LOG_EVERY)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)  # see fleet_shared.shutdown
 
     @property
     def lease_ms(self) -> int:
@@ -84,8 +86,8 @@ class Sweeper:
         return 2 * self.lease_seconds if self.restart_grace is None else self.restart_grace
 
     async def run_forever(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
+        """Sweep every `interval` until `stopping` is set; a sweep under way finishes first."""
+        while not await pause(self.stopping, interval):
             try:
                 async with self.timed_redis():
                     leader = await self.redis.set(

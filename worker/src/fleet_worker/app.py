@@ -24,6 +24,7 @@ from fleet_shared.event_log import RunLog
 from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
 from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import RETRY_ON, connect, listener, retry_policy
+from fleet_shared.shutdown import bounded, stop_loop
 from fleet_shared.workspaces import relocated_root
 from fleet_worker.control import CancelListener
 from fleet_worker.sandbox.boundary import Caps
@@ -38,6 +39,7 @@ HEALTH_CHECK_INTERVAL_SECONDS = 5
 # CLI then starts the same loop again on the same worker (fleet_cli.main.serve_through_outages).
 QUEUE_RETRIES = 8
 SWEEP_INTERVAL_SECONDS = 0.5
+SANDBOX_CLOSE_SECONDS = 30.0
 DAYTONA_SWEEP_SECONDS = 60.0
 
 
@@ -112,10 +114,9 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         )
         ctx["announce"] = asyncio.create_task(announce_sandbox(redis, worker_id, sandboxes.mode))
         if not burst:  # a burst worker (tests) sweeps only when asked
-            sweeper = make_sweeper(deps, ctx["redis"])
-            ctx["sweeper"] = asyncio.create_task(
-                sweeper.run_forever(SWEEP_INTERVAL_SECONDS), name="fleet-sweep"
-            )
+            ctx["sweeper"] = sweeper = make_sweeper(deps, ctx["redis"])
+            sweep = sweeper.run_forever(SWEEP_INTERVAL_SECONDS)
+            ctx["sweep"] = asyncio.create_task(sweep, name="fleet-sweep")
             if settings.profile.sandbox.provider == "daytona":
                 ctx["daytona_sweep"] = asyncio.create_task(sweep_daytona(deps), name="fleet-daytona-sweep")
         log.info("worker.started", queue=queue, concurrency=concurrency, sandbox=sandboxes.mode)
@@ -123,22 +124,26 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
     async def shutdown(ctx: dict[str, Any]) -> None:
         if ctx.get("closed"):
             return
-        for name in ("sweeper", "announce", "daytona_sweep"):
+        sweeper: Sweeper | None = ctx.get("sweeper")
+        for name in ("sweep", "announce", "daytona_sweep"):
             task: asyncio.Task[None] | None = ctx.get(name)
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await stop_loop(name, task, sweeper.stopping if name == "sweep" and sweeper else None)
         deps: WorkerDeps | None = ctx.get("deps")
         if deps is not None:
-            await deps.cancels.stop()
-            await deps.cancels.listener.aclose()
-            await deps.redis.aclose()
+            await bounded("cancels.stop", deps.cancels.stop)
+            await bounded("redis.cancels.close", deps.cancels.listener.aclose)
+            await bounded("redis.close", deps.redis.aclose)
             deps.programs.shutdown(wait=False, cancel_futures=True)
-            await asyncio.get_running_loop().run_in_executor(deps.sandbox_ops, deps.sandboxes.close)
+            loop = asyncio.get_running_loop()
+            await bounded(  # kills every live sandbox; Daytona deletes are HTTP calls
+                "sandboxes.close",
+                lambda: loop.run_in_executor(deps.sandbox_ops, deps.sandboxes.close),
+                SANDBOX_CLOSE_SECONDS,
+            )
             deps.sandbox_ops.shutdown(wait=False)
         if "engine" in ctx:
-            await ctx["engine"].dispose()
+            await bounded("database.dispose", ctx["engine"].dispose)
         ctx["closed"] = True
 
     timeout = settings.profile.runtime.turn_timeout_seconds + 120  # our own deadline fires first
