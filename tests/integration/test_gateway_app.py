@@ -138,3 +138,53 @@ def test_unrepresentable_values_are_422_not_503(
     assert response.json()["code"] in ("validation_error", "not_found")
     if "turns" not in path:
         assert response.status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("revision", "ready"),
+    [("9999_from_a_newer_release", True), ("0001_baseline", False)],
+    ids=["newer-schema-keeps-old-pods-ready", "older-schema-is-unready"],
+)
+def test_ready_during_a_rolling_upgrade(
+    database_url: str, redis_url: str, revision: str, ready: bool
+) -> None:
+    """The migration hook runs before new pods roll out: the old pods must stay ready on the newer
+    schema, or every gateway would leave the load balancer at once."""
+    from sqlalchemy import text
+
+    from fleet_shared.db.engine import HEAD_REVISION, create_engine
+
+    async def set_revision(value: str) -> None:
+        engine = create_engine(database_url)
+        async with engine.begin() as conn:
+            await conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": value})
+        await engine.dispose()
+
+    asyncio.run(set_revision(revision))
+    try:
+        with TestClient(create_app(settings_for(database_url, redis_url))) as client:
+            database = client.get("/ready").json()["checks"]["database"]
+    finally:
+        asyncio.run(set_revision(HEAD_REVISION))
+    assert (database == "ok") is ready, database
+
+
+def test_readiness_probes_do_not_scan_the_keyspace_each_time(database_url: str, redis_url: str) -> None:
+    """/ready's sandbox detail SCANs every key; a probe every few seconds from every gateway pod
+    must not repeat that walk each time."""
+    import redis as sync_redis
+
+    def scans() -> int:
+        client = sync_redis.Redis.from_url(redis_url)
+        try:
+            stats = client.info("commandstats")
+        finally:
+            client.close()
+        return int(stats.get("cmdstat_scan", {}).get("calls", 0))
+
+    with TestClient(create_app(settings_for(database_url, redis_url))) as client:
+        client.get("/ready")
+        before = scans()
+        for _ in range(5):
+            assert "sandbox" in client.get("/ready").json()["details"]
+        assert scans() == before

@@ -1,22 +1,39 @@
-"""GET /metrics: Prometheus text with requests labelled by route template (bounded cardinality)
-and the gauge of open Turn streams."""
+"""GET /metrics: Prometheus text with requests labelled by route template (bounded cardinality),
+the gauge of open Turn streams, the arq queue's depth (read from Redis at each scrape, and left
+out when Redis hangs), cancellations by stage and the sweeper's actions."""
 
 from __future__ import annotations
 
 import re
+import socket
+import time
+import uuid
 from collections.abc import AsyncGenerator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import pytest
+import redis.asyncio as aioredis
+from arq.connections import ArqRedis
 from litestar.testing import TestClient
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio import ConnectionPool
 
 from fleet_gateway.app import create_app
 from fleet_gateway.streaming import RunView, StreamDeps, stream_run
-from fleet_shared.config import load_settings
+from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import queries
+from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.metrics import (
+    QUEUE_DEPTH_TIMEOUT_SECONDS,
+    queue_depth_client,
+    read_queue_depth,
+    read_queue_depth_sync,
+)
+from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, RUN_TURN, deserialize_job, serialize_job
 from tests.integration.harness import Harness
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,8 +41,8 @@ REQUESTS = "fleet_gateway_http_requests"
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-")
 
 
-@pytest.fixture
-def client(sqlite_url: str, redis_url: str) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def gateway_settings(sqlite_url: str, redis_url: str) -> Settings:
+    """The shipped config on the test databases, with a queue of this test's own."""
     settings = load_settings(
         {
             "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
@@ -33,6 +50,17 @@ def client(sqlite_url: str, redis_url: str) -> Iterator[TestClient]:  # type: ig
             "FLEET_REDIS_URL": redis_url,
         }
     )
+    worker = msgspec.structs.replace(settings.profile.worker, queue_name=f"fleet:test:{uuid.uuid4().hex}")
+    return msgspec.structs.replace(settings, profile=msgspec.structs.replace(settings.profile, worker=worker))
+
+
+@pytest.fixture
+def settings(sqlite_url: str, redis_url: str) -> Settings:
+    return gateway_settings(sqlite_url, redis_url)
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:  # type: ignore[type-arg]
     with TestClient(create_app(settings)) as client:
         yield client
 
@@ -100,3 +128,101 @@ async def test_the_active_streams_gauge_counts_a_stream_until_it_is_closed(harne
     assert gauge() == base
     whole = [frame async for frame in stream_run(deps, view, delivery="resume", from_db=True)]
     assert whole[-1].startswith(b"data: [DONE]") and gauge() == base
+
+
+def queue_of(settings: Settings) -> ArqRedis:
+    return ArqRedis(
+        ConnectionPool.from_url(settings.redis_url),
+        job_serializer=serialize_job,
+        job_deserializer=deserialize_job,
+        default_queue_name=settings.profile.worker.queue_name,
+    )
+
+
+async def test_the_queue_depth_is_the_number_of_waiting_jobs(
+    client: TestClient,  # type: ignore[type-arg]
+    settings: Settings,
+) -> None:
+    queue = settings.profile.worker.queue_name
+    assert count(samples(client, "fleet_queue_depth"), queue=queue) == 0
+    arq = queue_of(settings)
+    try:
+        for n in range(3):
+            assert await arq.enqueue_job(RUN_TURN, f"run-{n}", _job_id=f"{queue}-{n}") is not None
+        assert count(samples(client, "fleet_queue_depth"), queue=queue) == 3
+        # A job a worker has started (arq's in-progress key) and one the gateway cancelled while it
+        # was queued (arq's abort set) are in the queue's ZSET, but no longer wait.
+        await arq.set(ARQ_IN_PROGRESS_PREFIX + f"{queue}-0", b"1", ex=60)
+        await arq.zadd("arq:abort", {f"{queue}-1": time.time() * 1000})
+        assert count(samples(client, "fleet_queue_depth"), queue=queue) == 1
+        await arq.delete(queue, ARQ_IN_PROGRESS_PREFIX + f"{queue}-0")
+        await arq.zrem("arq:abort", f"{queue}-1")
+        assert count(samples(client, "fleet_queue_depth"), queue=queue) == 0
+    finally:
+        await arq.aclose()
+
+
+@pytest.fixture
+def hung_redis_url() -> Iterator[str]:
+    """A Redis that accepts connections and never answers (the kernel completes the handshake)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+
+
+async def test_a_hung_redis_leaves_the_depth_out_quickly(hung_redis_url: str) -> None:
+    bound = QUEUE_DEPTH_TIMEOUT_SECONDS * 3  # connect + command, and some slack
+    client = aioredis.Redis.from_url(hung_redis_url)
+    try:
+        started = time.monotonic()
+        assert await read_queue_depth(client, "fleet:queue") is None
+        assert time.monotonic() - started < bound
+    finally:
+        await client.aclose()
+    blocking = queue_depth_client(hung_redis_url)
+    started = time.monotonic()
+    assert read_queue_depth_sync(blocking, "fleet:queue") is None
+    assert time.monotonic() - started < bound
+    blocking.close()
+
+
+async def test_a_cancelled_queued_run_is_counted_by_stage(
+    client: TestClient,  # type: ignore[type-arg]
+    settings: Settings,
+) -> None:
+    engine = create_engine(settings.database_url)
+    try:
+        async with session_factory(engine)() as db:
+            session = await queries.create_session(db, "t")
+            claimed = await queries.claim_turn(
+                db,
+                session_id=session.id,
+                idempotency_key="k",
+                fingerprint="f",
+                text="hi",
+                model=settings.root_lm.name,
+            )
+        assert isinstance(claimed, queries.Claimed)
+    finally:
+        await engine.dispose()
+    before = samples(client, "fleet_cancels_total")
+    response = client.put(f"/api/runs/{claimed.run.id}/cancellation")
+    assert response.status_code == 200 and response.json()["state"] == "requested", response.text
+    assert client.put(f"/api/runs/{claimed.run.id}/cancellation").json()["state"] == "already_terminal"
+    after = samples(client, "fleet_cancels_total")
+    assert count(after, stage="queued") - count(before, stage="queued") == 1
+    assert count(after, stage="running") == count(before, stage="running")
+
+
+async def test_the_sweeper_counts_what_it_does(harness_factory: Any) -> None:
+    harness: Harness = harness_factory({"lm": "root", "reasoning": "r", "code": "SUBMIT(answer='ok')"})
+    run_id = await harness.submit(enqueue=False)  # its job was lost before any worker saw it
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+        assert run is not None
+    before = REGISTRY.get_sample_value("fleet_reaper_actions_total", {"action": "requeued"}) or 0
+    sweeper = harness.sweeper()
+    assert await sweeper.requeue(run, datetime.now(UTC)) == 1  # as a sweep does once the grace passed
+    after = REGISTRY.get_sample_value("fleet_reaper_actions_total", {"action": "requeued"})
+    assert after == before + 1

@@ -24,6 +24,7 @@ class FakeProvider:
     status: int = 200  # anything else answers with an OpenAI-style error body
     statuses: list[int] = field(default_factory=list)  # per request, before `status` applies
     delay_s: float = 0.0  # a slow provider
+    api_key: str | None = None  # when set, GET /models refuses (401) any other bearer token
 
 
 @contextmanager
@@ -62,6 +63,23 @@ def serve_fake_provider() -> Iterator[FakeProvider]:
                 }
             ).encode()
             self.reply(200, payload)
+
+        def do_GET(self) -> None:
+            """The model list (`fleet doctor`'s key check); a refusal echoes the key it got, as
+            real providers do, so a test can see that nobody prints the body."""
+            fake.headers.append({k.lower(): v for k, v in self.headers.items()})
+            sent = self.headers.get("authorization", "").removeprefix("Bearer ")
+            if self.path.rstrip("/").rsplit("/", 1)[-1] != "models":
+                self.reply(404, b'{"error": {"message": "not found"}}')
+            elif fake.api_key is not None and sent != fake.api_key:
+                error = {
+                    "error": {"message": f"Incorrect API key provided: {sent}", "type": "invalid_api_key"}
+                }
+                self.reply(401, json.dumps(error).encode())
+            else:
+                self.reply(
+                    fake.status, json.dumps({"object": "list", "data": [{"id": "fake-model"}]}).encode()
+                )
 
         def reply(self, status: int, payload: bytes) -> None:
             self.send_response(status)

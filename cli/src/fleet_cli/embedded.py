@@ -236,7 +236,8 @@ def supervise(stack: Stack, settings: Settings, data_dir: Path, *, host: str, po
     cli = [sys.executable, "-m", "fleet_cli"]
     stack.children.append(stack.spawn("gateway", [*cli, "gateway", "--host", host, "--port", str(port)], env))
     for _ in range(workers):
-        stack.children.append(stack.spawn("worker", [*cli, "worker"], env))
+        # One host, several workers: a shared metrics port would go to whichever starts first.
+        stack.children.append(stack.spawn("worker", [*cli, "worker", "--metrics-port", "0"], env))
     url = f"http://{host}:{port}"
     if not wait_ready(url, stack):
         if stack.stopping:

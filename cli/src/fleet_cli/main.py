@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 from redis.exceptions import RedisError
 
+from fleet_cli.sides import refuse_without
 from fleet_shared.config import Settings, config_summary, load_settings
 from fleet_shared.errors import ConfigError
 from fleet_shared.logging import configure_logging
@@ -44,18 +45,34 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="allow binding to an address other than loopback",
     )
+    gateway.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve /api off loopback without an API token (a trusted proxy authenticates)",
+    )
 
     worker = commands.add_parser("worker", help="run one arq worker process")
     worker.add_argument("--concurrency", type=int, help="Turns at once (default: worker.concurrency)")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    worker.add_argument(
+        "--metrics-host", help="address of /metrics and /health (default: worker.metrics_host)"
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        help="port of /metrics and /health, 0 for none (default: worker.metrics_port)",
+    )
 
     daytona = commands.add_parser("daytona", help="Daytona sandboxes (sandbox.provider = daytona)")
     daytona_commands = daytona.add_subparsers(dest="daytona_command", required=True)
     daytona_commands.add_parser("snapshot", help="build the REPL's snapshot (sandbox.daytona.snapshot)")
     daytona_commands.add_parser("sweep", help="delete the sandboxes of idle sessions now")
 
-    doctor = commands.add_parser("doctor", help="live checks of what this profile depends on")
-    doctor_commands = doctor.add_subparsers(dest="doctor_command", required=True)
+    doctor = commands.add_parser(
+        "doctor", help="check the config, database, Redis, sandbox and provider; print a fix for each failure"
+    )
+    doctor.add_argument("--json", action="store_true", help="print the checks as one JSON document")
+    doctor_commands = doctor.add_subparsers(dest="doctor_command", required=False)
     doctor_commands.add_parser("daytona", help="create a disposable sandbox, run a cell, delete it")
 
     db = commands.add_parser("db", help="database schema")
@@ -77,19 +94,41 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code)
 
 
+# The sides of fleet each command needs (fleet-cli's extras); `fleet db` and `fleet doctor` run
+# on any install.
+COMMAND_SIDES = {
+    "up": ("gateway", "worker", "embedded"),
+    "gateway": ("gateway",),
+    "worker": ("worker",),
+    "daytona": ("worker",),
+}
+
+
 def dispatch(args: argparse.Namespace) -> int:
+    needs = COMMAND_SIDES.get(args.command, ())
+    if args.command == "doctor" and args.doctor_command == "daytona":
+        needs = ("worker",)
+    refusal = refuse_without(args.command, *needs)
+    if refusal is not None:
+        return refusal
     if args.command == "up":
         from fleet_cli.embedded import run_embedded
 
         return run_embedded(profile=args.profile, host=args.host, port=args.port, workers=args.workers)
     if args.command == "gateway":
-        return run_gateway(args.host, args.port, args.workers, args.allow_non_loopback_bind)
+        return run_gateway(
+            args.host, args.port, args.workers, args.allow_non_loopback_bind, args.allow_unauthenticated
+        )
     if args.command == "worker":
-        return run_worker(args.concurrency, args.burst)
-    if args.command in ("daytona", "doctor"):
+        return run_worker(args.concurrency, args.burst, args.metrics_host, args.metrics_port)
+    if args.command == "daytona" or (args.command == "doctor" and args.doctor_command == "daytona"):
         from fleet_cli.daytona import run_daytona
 
         return run_daytona(args.daytona_command if args.command == "daytona" else "doctor")
+    if args.command == "doctor":
+        from fleet_cli.doctor import run_doctor
+
+        return run_doctor(as_json=args.json)
     return run_db(args.db_command)
 
 
@@ -102,15 +141,40 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def run_gateway(host: str, port: int, workers: int, allow_non_loopback: bool) -> int:
-    if not is_loopback(host) and not allow_non_loopback:
-        print(
-            f"fleet: refusing to bind {host}: it is not a loopback address "
-            "(pass --allow-non-loopback-bind to expose the gateway)",
-            file=sys.stderr,
-        )
+def bind_refusal(host: str, allow_non_loopback: bool) -> str | None:
+    """Why the gateway must not bind `host`, or None: off loopback it needs the explicit flag."""
+    if is_loopback(host) or allow_non_loopback:
+        return None
+    return (
+        f"refusing to bind {host}: it is not a loopback address "
+        "(pass --allow-non-loopback-bind to expose the gateway)"
+    )
+
+
+def auth_refusal(host: str, allow_unauthenticated: bool, settings: Settings) -> str | None:
+    """Why the gateway must not serve /api on `host`, or None: off loopback it needs an API token
+    unless the operator says a proxy in front authenticates."""
+    if is_loopback(host) or settings.api_token is not None or allow_unauthenticated:
+        return None
+    return (
+        f"refusing to serve /api on {host} without an API token: set "
+        f"{settings.profile.gateway.auth.token_env}, or pass --allow-unauthenticated when a proxy "
+        "in front authenticates"
+    )
+
+
+def run_gateway(
+    host: str, port: int, workers: int, allow_non_loopback: bool, allow_unauthenticated: bool = False
+) -> int:
+    refusal = bind_refusal(host, allow_non_loopback)
+    if refusal is None:
+        settings = load_settings(
+            lm_credentials=False
+        )  # fail here, with one line, before Granian starts workers
+        refusal = auth_refusal(host, allow_unauthenticated, settings)
+    if refusal is not None:
+        print(f"fleet: {refusal}", file=sys.stderr)
         return 2
-    settings = load_settings()  # fail here, with one line, before Granian starts workers
     from fleet_cli.embedded import port_is_free
 
     if not port_is_free(host, port):  # Granian's SO_REUSEPORT would otherwise share it silently
@@ -120,24 +184,33 @@ def run_gateway(host: str, port: int, workers: int, allow_non_loopback: bool) ->
     structlog.get_logger("fleet").info("gateway.starting", host=host, port=port, **config_summary(settings))
     from granian import Granian
 
-    Granian(
-        "fleet_gateway.serve:app",
-        address=host,
-        port=port,
-        interface="asgi",  # type: ignore[arg-type]
-        workers=workers,
-        # Granian waits for open connections before it stops; SSE streams would hold it forever.
-        workers_kill_timeout=settings.profile.gateway.shutdown_grace_seconds,
-        log_access=False,
-        log_dictconfig=GRANIAN_LOGS_THROUGH_STRUCTLOG,
-    ).serve()
+    from fleet_cli.metrics_dir import multiprocess_metrics
+
+    # Several processes: their metrics go to files in a fresh directory, set before they start.
+    with multiprocess_metrics(workers):
+        Granian(
+            "fleet_gateway.serve:app",
+            address=host,
+            port=port,
+            interface="asgi",  # type: ignore[arg-type]
+            workers=workers,
+            # Granian waits for open connections before it stops; SSE streams would hold it forever.
+            workers_kill_timeout=settings.profile.gateway.shutdown_grace_seconds,
+            log_access=False,
+            log_dictconfig=GRANIAN_LOGS_THROUGH_STRUCTLOG,
+        ).serve()
     return 0
 
 
-def run_worker(concurrency: int | None, burst: bool) -> int:
+def run_worker(
+    concurrency: int | None, burst: bool, metrics_host: str | None = None, metrics_port: int | None = None
+) -> int:
+    from fleet_worker.metrics_http import serving_metrics, with_metrics_address
+
     settings = load_settings()
     if concurrency is not None:
         settings = with_concurrency(settings, concurrency)
+    settings = with_metrics_address(settings, metrics_host, metrics_port)
     configure_logging(settings.profile.observability, process="worker")
     structlog.get_logger("fleet").info("worker.starting", **config_summary(settings))
     from fleet_worker.app import build_worker
@@ -152,10 +225,12 @@ def run_worker(concurrency: int | None, burst: bool) -> int:
         return 2
     stop_signals: list[object] = []
     worker.on_stop = stop_signals.append
-    try:
-        loop.run_until_complete(serve_through_outages(worker, stop_signals))
-    finally:
-        loop.run_until_complete(close_worker(worker))
+    # Live (the heartbeat) before arq first reaches Redis: a worker waiting for Redis is not stuck.
+    with serving_metrics(settings, loop):
+        try:
+            loop.run_until_complete(serve_through_outages(worker, stop_signals))
+        finally:
+            loop.run_until_complete(close_worker(worker))
     return 0
 
 
@@ -200,9 +275,9 @@ def with_concurrency(settings: Settings, concurrency: int) -> Settings:
 
 
 def run_db(command: str) -> int:
-    settings = load_settings(db_only_env())
+    settings = load_settings(db_only_env(), lm_credentials=False)
     from fleet_shared.db import migrate
-    from fleet_shared.db.engine import HEAD_REVISION, create_engine, current_revision
+    from fleet_shared.db.engine import HEAD_REVISION, create_engine, current_revision, schema_state
 
     if command == "upgrade":
         from fleet_shared.skills import seed_skills
@@ -224,7 +299,11 @@ def run_db(command: str) -> int:
             await engine.dispose()
 
     revision = asyncio.run(check())
-    if revision != HEAD_REVISION:
+    state = schema_state(revision)
+    if state == "ahead":
+        print(f"fleet: database at {revision}, newer than this release's head ({HEAD_REVISION})")
+        return 1
+    if state != "head":
         print(f"fleet: database at {revision or 'nothing'}, head is {HEAD_REVISION}: run `fleet db upgrade`")
         return 1
     print(f"fleet: database at head ({HEAD_REVISION})")

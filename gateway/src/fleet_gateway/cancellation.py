@@ -15,6 +15,7 @@ from fleet_shared import redis_keys
 from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Run
 from fleet_shared.event_log import control_channel
+from fleet_shared.metrics import count_cancel
 from fleet_shared.recovery import publish_ending
 from fleet_shared.run_state import RunStatus, is_terminal
 
@@ -28,6 +29,7 @@ async def request_cancellation(gw: GatewayState, db: AsyncSession, run: Run) -> 
         return "already_terminal"
     if run.status == RunStatus.QUEUED.value:
         if await cancel_queued(gw, db, run_id):
+            count_cancel("queued")
             return "requested"
         found = await queries.get_run(db, run_id)  # a worker started it meanwhile
         if found is None or is_terminal(found.status):
@@ -38,6 +40,8 @@ async def request_cancellation(gw: GatewayState, db: AsyncSession, run: Run) -> 
     )
     await gw.arq.publish(control_channel(gw.arq), run_id)
     log.info("run.cancel_requested", run_id=run_id, first=bool(first))
+    if first:
+        count_cancel("running")
     return "requested" if first else "already_requested"
 
 

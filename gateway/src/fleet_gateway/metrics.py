@@ -1,9 +1,19 @@
-"""The gateway's Prometheus metrics: requests by route template, and the streams open now."""
+"""The gateway's Prometheus metrics: requests by route template, and the streams open now.
+
+With several Granian processes (`fleet gateway --workers N`), the CLI sets
+PROMETHEUS_MULTIPROC_DIR before they start: each process then writes its values to files there,
+and /metrics sums them all (prometheus-client's multiprocess mode).
+"""
 
 from __future__ import annotations
 
+import atexit
+import os
+
 from litestar.types import Message, Scope
-from prometheus_client import Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, multiprocess
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Labels stay bounded: the route is the template (never the path with its ids), an unknown
 # method is "other", and the status is one of HTTP's few codes.
@@ -17,8 +27,34 @@ HTTP_REQUESTS = Counter(
 )
 ACTIVE_STREAMS = Gauge(
     "fleet_gateway_active_streams",
-    "Turn and resume streams this process is sending now",
+    "Turn and resume streams the gateway is sending now",
+    multiprocess_mode="livesum",  # the live processes' streams, summed
 )
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROCESS_ENV) or None
+
+
+def scrape_registry() -> CollectorRegistry:
+    """What /metrics exposes: this process's registry, or every process's files when several
+    share the multiprocess directory (no process/platform collectors then: they are per process)."""
+    path = multiprocess_dir()
+    if path is None:
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
+    return registry
+
+
+def forget_this_process() -> None:
+    """A gateway process that exits takes its live gauge (open streams) out of the sum."""
+    path = multiprocess_dir()
+    if path is not None:
+        multiprocess.mark_process_dead(os.getpid(), path)  # type: ignore[no-untyped-call]
+
+
+atexit.register(forget_this_process)
 
 
 async def count_response(message: Message, scope: Scope) -> None:

@@ -219,7 +219,7 @@ def main(argv: list[str]) -> int:
     from fleet_shared.config import load_settings
 
     environ = {"FLEET_REDIS_URL": "redis://127.0.0.1:1/0", **os.environ, "FLEET_PROFILE": "offline"}
-    app = create_app(load_settings(environ))
+    app = create_app(load_settings(environ, lm_credentials=False))
     document_errors(app)
     text = yaml.safe_dump(app.openapi_schema.to_schema(), sort_keys=False, allow_unicode=True, width=100)
     Path(argv[0]).write_text(text, encoding="utf-8")

@@ -4,6 +4,6 @@ from fleet_gateway.app import create_app
 from fleet_shared.config import load_settings
 from fleet_shared.logging import configure_logging
 
-settings = load_settings()
+settings = load_settings(lm_credentials=False)
 configure_logging(settings.profile.observability, process="gateway")
 app = create_app(settings)

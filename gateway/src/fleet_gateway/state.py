@@ -27,6 +27,8 @@ class GatewayState:
     process_id: str
     probe: Redis  # no retries: readiness reports an outage at once instead of riding it out
     blobs: BlobStore  # attachment and artifact bytes
+    # /ready's sandbox detail (monotonic expiry, text): it SCANs the keyspace, so probes reuse it.
+    sandbox_modes_cache: tuple[float, str] | None = None
 
     @property
     def stream_deps(self) -> StreamDeps:

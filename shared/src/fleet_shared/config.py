@@ -175,8 +175,12 @@ def has_credentials(text: str) -> bool:
     return (match is not None and ":" in match.group(1)) or URL_SECRET_QUERY.search(text) is not None
 
 
-def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Load, validate and resolve the config; raise ConfigError with one line on any problem."""
+def load_settings(environ: Mapping[str, str] | None = None, *, lm_credentials: bool = True) -> Settings:
+    """Load, validate and resolve the config; raise ConfigError with one line on any problem.
+
+    `lm_credentials=False` is for processes that never call an LM (the gateway, `fleet db`): the
+    LM's key and base URL are neither required nor read, so those processes need only the model's
+    name and an operator gives the provider key to the workers alone."""
     env = os.environ if environ is None else environ
     path = Path(env.get("FLEET_CONFIG") or DEFAULT_CONFIG_PATH)
     raw = read_config_file(path)
@@ -188,8 +192,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     profile = profiles[profile_name]
     base = path.parent
     key = f"profiles.{quote_key(profile_name)}.llm"
-    root_lm = resolve_lm(profile.llm.root, f"{key}.root", env, base)
-    sub_lm = resolve_lm(profile.llm.sub or profile.llm.root, f"{key}.sub", env, base)
+    root_lm = resolve_lm(profile.llm.root, f"{key}.root", env, base, lm_credentials)
+    sub_lm = resolve_lm(profile.llm.sub or profile.llm.root, f"{key}.sub", env, base, lm_credentials)
     data_dir = Path(profile.storage.data_dir)
     database_url = (
         env.get("FLEET_DATABASE_URL")
@@ -311,7 +315,9 @@ def quote_key(key: str) -> str:
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
-def resolve_lm(section: LMSection, key: str, env: Mapping[str, str], base: Path) -> ResolvedLM:
+def resolve_lm(
+    section: LMSection, key: str, env: Mapping[str, str], base: Path, credentials: bool = True
+) -> ResolvedLM:
     if (section.model is None) == (section.model_env is None):
         raise ConfigError(f"{key}: set exactly one of `model` or `model_env`")
     name = section.model or require_env(env, section.model_env, f"{key}.model_env")
@@ -328,10 +334,10 @@ def resolve_lm(section: LMSection, key: str, env: Mapping[str, str], base: Path)
         if not script_path.is_file():
             raise ConfigError(f"{key}: scripted LM file {script_path} does not exist")
     api_key = None
-    if section.api_key_env:
+    if section.api_key_env and credentials:
         api_key = Secret(require_env(env, section.api_key_env, f"{key}.api_key_env"))
     base_url = None
-    if section.base_url_env:  # as strict as every referenced variable: a typo stops startup
+    if section.base_url_env and credentials:  # as strict as every referenced variable: a typo stops startup
         base_url = require_env(env, section.base_url_env, f"{key}.base_url_env")
         if not base_url.startswith(("http://", "https://")):
             # The value is not echoed: a base URL may carry credentials.

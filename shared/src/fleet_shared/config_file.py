@@ -133,6 +133,9 @@ class WorkerSection(Section):
     lease_seconds: Annotated[float, msgspec.Meta(ge=2)] = 3
     drain_seconds: Annotated[float, msgspec.Meta(ge=0)] = 30
     queue_name: str = "fleet:queue"
+    # The worker's GET /metrics and GET /health (its liveness); port 0 serves neither.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9100
 
 
 class LimitsSection(Section):
@@ -163,7 +166,9 @@ class GatewaySection(Section):
 
 class ObservabilitySection(Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["json", "console"] = "json"
+    # auto: structlog's console renderer (colours, aligned keys) when stderr is a terminal, JSON
+    # lines otherwise (a pod, a pipe, a file). json or console force one.
+    log_format: Literal["auto", "json", "console"] = "auto"
 
 
 class Profile(Section):

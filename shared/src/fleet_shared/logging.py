@@ -42,23 +42,30 @@ def redacted(key: str, value: Any) -> Any:
     return value
 
 
-# Tracebacks as data, without frame locals: locals hold request headers (a bearer token), a
-# user's text, an answer, the settings. Only the call stack and the exception's message are kept.
+# Tracebacks without frame locals: locals hold request headers (a bearer token), a user's text, an
+# answer, the settings. Only the call stack and the exception's message are kept: as data in JSON,
+# as plain text for the console renderer (which cannot print the data form).
 render_exceptions = structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
+render_exceptions_as_text = structlog.processors.ExceptionRenderer()
+
+
+def log_renderers(log_format: str, stream: Any) -> tuple[Any, Any]:
+    """(exception renderer, renderer): JSON lines for machines; the console renderer for a person
+    at a terminal (colours only there, so a piped `console` log stays plain text)."""
+    is_terminal = bool(getattr(stream, "isatty", None) and stream.isatty())
+    if log_format == "json" or (log_format == "auto" and not is_terminal):
+        return render_exceptions, structlog.processors.JSONRenderer()
+    return render_exceptions_as_text, structlog.dev.ConsoleRenderer(colors=is_terminal, pad_event_to=32)
 
 
 def configure_logging(section: ObservabilitySection, *, process: str) -> None:
     level = getattr(logging, section.log_level.upper())
-    renderer: Any = (
-        structlog.processors.JSONRenderer()
-        if section.log_format == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
-    )
+    exceptions, renderer = log_renderers(section.log_format, sys.stderr)
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        render_exceptions,
+        exceptions,
         redact_secrets,
     ]
     structlog.configure(

@@ -217,7 +217,7 @@ def check_restart(data: bytes, target: Path, keep_profiles: Collection[str], *, 
         for profile in (None, *keep_profiles):
             env = environ if profile is None else {**environ, "FLEET_PROFILE": profile}
             try:
-                candidate = load_settings(env)
+                candidate = load_settings(env, lm_credentials=holds_lm_credentials(target, env))
             except ConfigError as exc:
                 message = str(exc).replace(str(temp), target.name).replace(temp.name, target.name)
                 raise InvalidSettingChange(message.replace(f"{target.parent}/", "")) from None  # no folder
@@ -228,6 +228,18 @@ def check_restart(data: bytes, target: Path, keep_profiles: Collection[str], *, 
                 )
     finally:
         temp.unlink(missing_ok=True)
+
+
+def holds_lm_credentials(current: Path, env: Mapping[str, str]) -> bool:
+    """Whether this process can resolve the current file's LM key and base URL. `fleet up` shares
+    one environment with its workers, so a change that would unset them is checked; a gateway in
+    a cluster never holds the provider key (only workers do), so there that part is not checked
+    rather than refusing every change."""
+    try:
+        load_settings({**env, "FLEET_CONFIG": str(current)})
+    except ConfigError:
+        return False
+    return True
 
 
 def replace_atomically(target: Path, data: bytes, expected_revision: str) -> None:

@@ -30,6 +30,7 @@ from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Run
 from fleet_shared.event_log import Appended, RunLog, lease_token, read_all_after
 from fleet_shared.events import RunCancelled, RunEvent, RunFailed, is_terminal
+from fleet_shared.metrics import count_reaper_action
 from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, ARQ_JOB_PREFIX, ARQ_RESULT_PREFIX
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.shutdown import pause
@@ -178,6 +179,7 @@ class Sweeper:
                     return 0
             await append_from(self.runlog, settlement.events, token)
             log.warning("sweep.settled_lost_run", run_id=run.id, attempt=run.attempt + 1, cancelled=cancelled)
+            count_reaper_action("settled_cancelled" if cancelled else "settled_lost")
             return 1
         finally:
             await self.runlog.release_lease(run.id, token)
@@ -209,6 +211,7 @@ class Sweeper:
         if await self.enqueue(run.id) is None:
             return 0  # someone else enqueued it a moment ago
         log.warning("sweep.requeued_lost_job", run_id=run.id)
+        count_reaper_action("requeued")
         return 1
 
     async def fail_queued(self, run_id: str) -> int:
@@ -218,6 +221,7 @@ class Sweeper:
             return 0
         await publish_ending(self.runlog, terminal, self.owner, self.lease_ms)
         log.warning("sweep.failed_lost_job", run_id=run_id)
+        count_reaper_action("failed_enqueue_lost")
         return 1
 
 

@@ -90,12 +90,69 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["gateway"], {"host": "127.0.0.1", "port": 8000, "workers": 1, "allow_non_loopback_bind": False}),
+        (
+            ["gateway"],
+            {
+                "host": "127.0.0.1",
+                "port": 8000,
+                "workers": 1,
+                "allow_non_loopback_bind": False,
+                "allow_unauthenticated": False,
+            },
+        ),
         (["up"], {"host": "127.0.0.1", "port": 8000, "workers": 1, "profile": None}),
-        (["worker"], {"concurrency": None, "burst": False}),
+        (["worker"], {"concurrency": None, "burst": False, "metrics_host": None, "metrics_port": None}),
         (["db", "check"], {"db_command": "check"}),
     ],
 )
 def test_defaults_bind_loopback(argv: list[str], expected: dict[str, object]) -> None:
     args = vars(build_parser().parse_args(argv))
     assert {key: args[key] for key in expected} == expected
+
+
+def shipped_config_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_CONFIG", str(SHIPPED_CONFIG))
+    monkeypatch.setenv("FLEET_REDIS_URL", "redis://127.0.0.1:1/0")
+    for name in ("FLEET_PROFILE", "FLEET_SCRIPTED_LM", "FLEET_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_gateway_off_loopback_refuses_to_serve_without_a_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped_config_env(monkeypatch)
+    assert exit_code(["gateway", "--host", "0.0.0.0", "--allow-non-loopback-bind"]) == 2
+    err = capsys.readouterr().err
+    assert "without an API token" in err
+    assert "FLEET_API_TOKEN" in err
+    assert "--allow-unauthenticated" in err
+
+
+@pytest.mark.parametrize(
+    ("token", "extra"),
+    [("a-token", []), (None, ["--allow-unauthenticated"])],
+    ids=["token-set", "proxy-authenticates"],
+)
+def test_gateway_off_loopback_with_a_token_or_the_flag_gets_past_the_refusal(
+    token: str | None,
+    extra: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    shipped_config_env(monkeypatch)
+    if token is not None:
+        monkeypatch.setenv("FLEET_API_TOKEN", token)
+    # A port held here stops the command at its port check, after the refusals: no server starts.
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        argv = ["gateway", "--host", "0.0.0.0", "--port", str(port), "--allow-non-loopback-bind", *extra]
+        assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert "refusing" not in err
+    assert f"0.0.0.0:{port} is already in use" in err
+    if token is not None:
+        assert token not in err

@@ -50,3 +50,55 @@ def test_tracebacks_carry_no_locals_and_no_secrets() -> None:
     assert "redis://:***@cache:6379/0" in ours["exception"][0]["exc_value"]
     assert "job failed" in lines[1]["event"] and "RuntimeError" in json.dumps(lines[1])
     assert lines[2]["error"] == "failed to connect to proxyuser:***@127.0.0.1:1"
+
+
+def run_program(log_format: str, *, terminal: bool) -> str:
+    """PROGRAM with this log format, its stderr a pipe or a pseudo-terminal."""
+    import os
+    import pty
+
+    program = PROGRAM.replace("ObservabilitySection()", f"ObservabilitySection(log_format={log_format!r})")
+    if not terminal:
+        result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+        return result.stderr
+    leader, follower = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", program], stderr=follower, stdout=subprocess.DEVNULL
+        )
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert process.wait(timeout=30) == 0
+    finally:
+        os.close(leader)
+    return b"".join(chunks).decode()
+
+
+def test_auto_is_json_lines_when_stderr_is_not_a_terminal() -> None:
+    err = run_program("auto", terminal=False)
+    assert sum(line.startswith("{") for line in err.splitlines()) == 3, err
+
+
+def test_auto_renders_for_a_person_at_a_terminal_and_still_redacts() -> None:
+    err = run_program("auto", terminal=True)
+    assert not any(line.startswith("{") for line in err.splitlines()), err
+    assert "\x1b[" in err  # colours
+    assert "request.failed" in err and "Traceback" in err and "handler" in err
+    for secret in SECRETS:
+        assert secret not in err, secret
+
+
+def test_console_forced_into_a_pipe_is_plain_text_with_its_traceback() -> None:
+    err = run_program("console", terminal=False)
+    assert "\x1b[" not in err
+    assert "Traceback" in err and "RuntimeError" in err
+    for secret in SECRETS:
+        assert secret not in err, secret

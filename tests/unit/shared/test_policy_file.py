@@ -268,3 +268,33 @@ def test_a_broken_file_on_disk_is_a_config_error(config: Path) -> None:
         policy_file.read_snapshot(config)
     with pytest.raises(ConfigError):
         policy_file.apply_changes(config, revision(config), {"config.default_profile": "x"})
+
+
+def test_a_gateway_without_the_provider_key_can_still_change_settings(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a cluster only workers hold the LM key. The gateway's check of a change must not refuse
+    every change for the key it never has; the model's name is still required."""
+    monkeypatch.setenv("FLEET_LM_MODEL", "openai/gpt-test")
+    change = {"profiles.local.rlm.max_iters": 7}
+    policy_file.apply_changes(config, revision(config), change, keep_profiles=["local"])
+    assert "max_iters = 7" in config.read_text()
+    monkeypatch.delenv("FLEET_LM_MODEL")
+    with pytest.raises(InvalidSettingChange, match="FLEET_LM_MODEL is not set"):
+        policy_file.apply_changes(config, revision(config), change, keep_profiles=["local"])
+
+
+def test_the_gateway_loads_without_the_lm_credentials_and_never_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = {
+        "FLEET_CONFIG": str(SHIPPED),
+        "FLEET_PROFILE": "local",
+        "FLEET_REDIS_URL": "redis://127.0.0.1:1/0",
+        "FLEET_LM_MODEL": "openai/gpt-test",
+    }
+    with pytest.raises(ConfigError, match="FLEET_LM_API_KEY is not set"):
+        load_settings(env)
+    settings = load_settings({**env, "FLEET_LM_API_KEY": "sk-SECRET"}, lm_credentials=False)
+    assert settings.root_lm.name == "openai/gpt-test"
+    assert settings.root_lm.api_key is None and settings.root_lm.base_url is None

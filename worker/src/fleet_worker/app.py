@@ -28,7 +28,7 @@ from fleet_shared.shutdown import bounded, stop_loop
 from fleet_shared.workspaces import relocated_root
 from fleet_worker.control import CancelListener
 from fleet_worker.sandbox.boundary import Caps
-from fleet_worker.sandbox.jail import LocalSandboxConfig
+from fleet_worker.sandbox.jail import local_sandbox_config
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.provider import SandboxProvider
 from fleet_worker.turn import WorkerDeps, run_turn
@@ -49,29 +49,8 @@ def sandbox_provider(settings: Settings) -> SandboxProvider:
         from fleet_worker.sandbox.daytona import daytona_provider  # the SDK only when it is used
 
         return daytona_provider(settings)
-    local = settings.profile.sandbox.local
     provider = LocalSandboxProvider(
-        LocalSandboxConfig(
-            allow_unisolated=local.allow_unisolated,
-            python=local.python,
-            cell_timeout_seconds=local.cell_timeout_seconds,
-            memory_mb=local.memory_mb,
-            max_processes=local.max_processes,
-            max_file_mb=local.max_file_mb,
-            tmp_mb=local.tmp_mb,
-            workspace_mb=local.workspace_mb,
-            workspace_files=local.workspace_files,
-            cpus=local.cpus,
-            uid_base=local.uid_base,
-            uid_count=local.uid_count,
-            pool_size=local.pool_size,
-            pool_idle_seconds=local.pool_idle_seconds,
-        ),
-        caps=Caps(
-            max_output_chars=settings.profile.rlm.max_output_chars,
-            max_answer_chars=settings.profile.rlm.max_answer_chars,
-            max_tool_input_chars=settings.profile.rlm.max_tool_input_chars,
-        ),
+        local_sandbox_config(settings.profile.sandbox.local), caps=Caps.from_rlm(settings.profile.rlm)
     )
     provider.check()
     provider.place_workspaces(settings.workspaces_dir, relocated_root(settings.workspaces_dir))

@@ -19,6 +19,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreter
 from dspy.utils.callback import BaseCallback
 
 from fleet_shared.config import ResolvedLM
+from fleet_worker import metrics
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, asks_for_the_answer, completion_text, count_tokens
 from fleet_worker.observer import TurnObserver
@@ -106,11 +107,12 @@ class ScriptedEngine:
 
 def build_lm(lm: ResolvedLM, role: Role, cursor: ScriptCursor | None, stop: threading.Event) -> dspy.LM:
     """A fresh LM per Turn: scripted from the cursor, or any LiteLLM model via env settings."""
+    meter = [LMCallMeter(lm.name, role)]
     if lm.scripted:
         assert cursor is not None
         engine = ScriptedEngine(cursor, role, lm.name, stop)
-        return dspy.LM(lm.name, engine=engine, cache=False, num_retries=0)
-    return dspy.LM(lm.name, cache=False, **provider_kwargs(lm))
+        return dspy.LM(lm.name, engine=engine, cache=False, num_retries=0, callbacks=meter)
+    return dspy.LM(lm.name, cache=False, callbacks=meter, **provider_kwargs(lm))
 
 
 def provider_kwargs(lm: ResolvedLM) -> dict[str, Any]:
@@ -128,6 +130,34 @@ def provider_kwargs(lm: ResolvedLM) -> dict[str, Any]:
 
 
 # --- DSPy callbacks -----------------------------------------------------------------------------
+
+
+class LMCallMeter(BaseCallback):
+    """On one LM: counts its calls and marks them (model, role) for MeteredUsage's token count."""
+
+    def __init__(self, model: str, role: Role) -> None:
+        self.model, self.role = model, role
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        metrics.lm_call_started(self.model, self.role)
+
+    def on_lm_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
+        metrics.lm_call_ended()
+
+
+class MeteredUsage:
+    """The Turn's usage tracker as DSPy sees it: each call's usage goes to the tracker and to
+    the token counters (DSPy reports it in the calling context, between start and end)."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+
+    def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
+        self.tracker.add_usage(lm, usage_entry)
+        metrics.count_lm_usage(lm, usage_entry)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the tracker (get_total_tokens, ...)
+        return getattr(self.tracker, name)
 
 
 class DspyCallbacks(BaseCallback):
@@ -283,6 +313,7 @@ def run_program(
             disable_history=True,
         ),
         dspy.track_usage() as tracker,
+        dspy.context(usage_tracker=MeteredUsage(tracker)),
     ):
         observer.usage_tracker = tracker
         prediction = program(

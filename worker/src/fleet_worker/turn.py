@@ -26,6 +26,7 @@ from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import Answer, ChildProgress, StatusChanged, Warning
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
+from fleet_worker import metrics
 from fleet_worker.control import CancelListener
 from fleet_worker.conversation import load_conversation
 from fleet_worker.errors import LeaseLost, SandboxFailed, TurnCancelled
@@ -102,6 +103,7 @@ async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
             log.info("turn.duplicate_job")
             return "duplicate"
         log.info("turn.claimed", attempt=claim.attempt)
+        metrics.observe_queue_wait(ctx.get("enqueue_time"))
         cancelled = False
         async with AsyncExitStack() as cleanup:
             turn = await hold(deps, claim, cleanup)
@@ -112,6 +114,7 @@ async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
                 outcome, cancelled = with_observations(SHUTDOWN_OUTCOME, turn.program), True
             status, cancelled_again = await finish_even_if_cancelled(settle_and_commit(deps, turn, outcome))
         log.info("turn.settled", status=status, failure_code=outcome.failure_code)
+        metrics.observe_turn(status, claim.started)
         if cancelled or cancelled_again:
             raise asyncio.CancelledError  # let arq see the cancellation, now that the Turn is settled
         return status
@@ -208,6 +211,7 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
         )
         turn.sink.emit(Warning(run_id=claim.run_id, code="history_truncated", message=message))
     loop = asyncio.get_running_loop()
+    asked = time.monotonic()
     try:
         sandbox = await loop.run_in_executor(
             deps.sandbox_ops, deps.sandboxes.acquire, claim.workspace_id, claim.run_id, claim.session_id
@@ -216,7 +220,8 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
         raise SandboxFailed(str(exc), code="sandbox_unavailable") from None
     except OSError as exc:  # e.g. a workspace a past Run left unusable; reported scrubbed
         raise SandboxError(f"the sandbox could not start: {exc}") from None
-    cleanup.push_async_callback(release_shielded, deps, sandbox)
+    leased_at = metrics.observe_lease_wait(deps.settings.profile.sandbox.provider, asked)
+    cleanup.push_async_callback(release_shielded, deps, sandbox, leased_at)
     turn.sandbox = sandbox
     described = await loop.run_in_executor(
         deps.sandbox_ops, stage_attachments, deps.blobs, sandbox, conversation.attachments, turn.sink
@@ -383,7 +388,8 @@ def settle_deadline(deps: WorkerDeps, turn: Turn) -> float:
     return max(deadline, time.monotonic() + SETTLE_GRACE_SECONDS)
 
 
-async def release_shielded(deps: WorkerDeps, sandbox: SandboxLease) -> None:
+async def release_shielded(deps: WorkerDeps, sandbox: SandboxLease, leased_at: float) -> None:
     """Release the sandbox even if the job is being cancelled."""
     loop = asyncio.get_running_loop()
     await asyncio.shield(loop.run_in_executor(deps.sandbox_ops, sandbox.release))
+    metrics.observe_lease_held(deps.settings.profile.sandbox.provider, leased_at)

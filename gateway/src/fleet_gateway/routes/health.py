@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable
 from importlib.metadata import version
 from typing import Any
@@ -15,11 +16,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from fleet_gateway.schemas import Health
 from fleet_gateway.state import GatewayState
 from fleet_shared import redis_keys
-from fleet_shared.db.engine import HEAD_REVISION, current_revision, is_read_only
+from fleet_shared.db.engine import HEAD_REVISION, current_revision, is_read_only, schema_state
 from fleet_shared.queue import health_check_key
 
 VERSION = version("fleet-gateway")
 CHECK_TIMEOUT_SECONDS = 2.0
+# Workers announce their sandbox mode every 10 s (with a 30 s expiry); a detail this old is fine.
+SANDBOX_MODES_CACHE_SECONDS = 10.0
 
 
 @get(["/health"], exclude_from_auth=True)
@@ -52,7 +55,7 @@ async def check_database(gw: GatewayState) -> str:
         revision = await current_revision(gw.engine)
     except (SQLAlchemyError, OSError) as exc:
         return f"unreachable: {type(exc).__name__}"
-    if revision != HEAD_REVISION:
+    if schema_state(revision) in ("behind", "missing"):
         return f"schema at {revision or 'nothing'}, code expects {HEAD_REVISION}: run `fleet db upgrade`"
     try:
         if await is_read_only(gw.engine):
@@ -71,7 +74,19 @@ async def check_redis(gw: GatewayState) -> str:
 
 
 async def sandbox_modes(gw: GatewayState) -> str:
-    """What isolation the live workers' sandboxes get (each worker announces its own)."""
+    """What isolation the live workers' sandboxes get (each worker announces its own). Finding the
+    announcements SCANs the whole keyspace, so one answer serves every probe for a while."""
+    cached = gw.sandbox_modes_cache
+    now = time.monotonic()
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    answer = await scan_sandbox_modes(gw)
+    if not answer.startswith("unknown: redis"):
+        gw.sandbox_modes_cache = (now + SANDBOX_MODES_CACHE_SECONDS, answer)
+    return answer
+
+
+async def scan_sandbox_modes(gw: GatewayState) -> str:
     try:
         keys = [key async for key in gw.probe.scan_iter(match=redis_keys.WORKER_SANDBOX_PATTERN, count=100)]
         modes = {value.decode() for value in await gw.probe.mget(keys) if value} if keys else set()

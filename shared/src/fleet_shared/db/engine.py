@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
@@ -14,9 +14,18 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-# The revision the code expects. `tests/unit/shared/test_schema_head.py` fails if it drifts
-# from Alembic's head, so readiness never needs the migration scripts on disk.
-HEAD_REVISION = "0006_feedback"
+# Every revision this code knows, oldest first; the last is the one it expects.
+# `tests/unit/shared/test_schema_head.py` fails if they drift from Alembic's chain, so readiness
+# never needs the migration scripts on disk.
+REVISIONS = (
+    "0001_baseline",
+    "0002_run_status_indexes",
+    "0003_workspace_per_session",
+    "0004_attachments_artifacts",
+    "0005_skills_and_task",
+    "0006_feedback",
+)
+HEAD_REVISION = REVISIONS[-1]
 CONNECT_TIMEOUT_SECONDS = 5
 
 
@@ -69,6 +78,23 @@ async def is_read_only(engine: AsyncEngine) -> bool:
     async with engine.connect() as conn:
         value = await conn.scalar(text("SHOW transaction_read_only"))
     return str(value).lower() == "on"
+
+
+SchemaState = Literal["head", "behind", "ahead", "missing"]
+
+
+def schema_state(revision: str | None) -> SchemaState:
+    """Where the DB's schema stands against this code.
+
+    "ahead" is a revision this code does not know: a newer release migrated first (the Helm hook
+    runs before new pods start). Migrations only add (docs/decisions/0008-deploy-shape.md), so the
+    old pods keep serving through a rolling upgrade instead of all going unready at once.
+    """
+    if revision is None:
+        return "missing"
+    if revision == HEAD_REVISION:
+        return "head"
+    return "behind" if revision in REVISIONS else "ahead"
 
 
 async def is_at_head(engine: AsyncEngine) -> bool:

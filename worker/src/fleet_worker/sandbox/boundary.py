@@ -11,10 +11,13 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet_worker.sandbox.errors import FrameTooLarge, SandboxCrashed
 from fleet_worker.sandbox.protocol import encode_frame
+
+if TYPE_CHECKING:
+    from fleet_shared.config import RLMSection
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # The REPL refuses values nested deeper than 100 levels (repl_main.MAX_NESTING); anything
@@ -33,6 +36,15 @@ class Caps:
     max_output_chars: int = 10_000  # a cell's stdout+stderr, and each field of its error
     max_answer_chars: int = 100_000  # SUBMIT's values, as JSON
     max_tool_input_chars: int = 100_000  # one host tool call's arguments, as JSON
+
+    @classmethod
+    def from_rlm(cls, rlm: RLMSection) -> Caps:
+        """The caps the profile's `rlm` table sets."""
+        return cls(
+            max_output_chars=rlm.max_output_chars,
+            max_answer_chars=rlm.max_answer_chars,
+            max_tool_input_chars=rlm.max_tool_input_chars,
+        )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ class SandboxUnavailable(SandboxError):
 
     def __init__(self, reason: str, fix: str = INSTALL_HINT) -> None:
         super().__init__(f"{reason}; {fix}")
+        self.reason = reason  # apart, for `fleet doctor`'s detail and fix lines
+        self.fix = fix
 
 
 class CellFailed(SandboxError):

@@ -8,8 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import structlog
 
+from fleet_shared.config import LocalSandboxSection
 from fleet_worker.sandbox.cgroups import Cgroups, Limits
 from fleet_worker.sandbox.errors import SandboxUnavailable
 
@@ -45,6 +47,11 @@ class LocalSandboxConfig:
     pool_size: int = 4  # warm REPLs kept for workspaces whose next Run is likely soon
     pool_idle_seconds: float = 300.0
     startup_timeout_seconds: float = 10.0
+
+
+def local_sandbox_config(section: LocalSandboxSection) -> LocalSandboxConfig:
+    """The provider's settings from the profile's `sandbox.local` table (the same names)."""
+    return LocalSandboxConfig(**msgspec.structs.asdict(section))
 
 
 @dataclass(frozen=True)

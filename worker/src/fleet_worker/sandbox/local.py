@@ -211,10 +211,15 @@ class LocalSandboxProvider:
                 self._isolation = self._settle()
 
     @property
-    def mode(self) -> str:
+    def isolation(self) -> Isolation:
+        """What check() settled on (settled now if it was not yet)."""
         self.check()
         assert self._isolation is not None
-        return self._isolation.mode
+        return self._isolation
+
+    @property
+    def mode(self) -> str:
+        return self.isolation.mode
 
     def sandbox_uid(self, workspace: Path) -> int | None:
         """The host uid a workspace's REPLs run as on a root worker (None: the worker's own)."""

@@ -106,14 +106,10 @@ def daytona_provider(settings: Settings, environ: Mapping[str, str] | None = Non
             "sandbox.provider is 'daytona' but the profile has no [sandbox.daytona] table",
             fix="add one (see docs/daytona.md) or set sandbox.provider = 'local'",
         )
-    rlm = settings.profile.rlm
-    caps = Caps(
-        max_output_chars=rlm.max_output_chars,
-        max_answer_chars=rlm.max_answer_chars,
-        max_tool_input_chars=rlm.max_tool_input_chars,
-    )
     return DaytonaSandboxProvider(
-        section, access_from(section, os.environ if environ is None else environ), caps
+        section,
+        access_from(section, os.environ if environ is None else environ),
+        Caps.from_rlm(settings.profile.rlm),
     )
 
 

@@ -1,0 +1,269 @@
+"""The chart as CI checks it: helm lint --strict, helm template, kubernetes-validate --strict on
+every rendered manifest, checkov with each skip justified, the schema and the rules rendering
+enforces (secret references, the API token, the sandbox mode), and the shipped fleet.toml."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.chart import (
+    CHART,
+    CHECKOV_CONFIG,
+    CHECKOV_SPEC,
+    REPO,
+    Manifest,
+    containers,
+    env_of,
+    find,
+    hook_of,
+    kinds,
+    render,
+    render_error,
+    run_helm,
+    uvx,
+    values_file,
+    values_files,
+    workloads,
+)
+
+pytestmark = pytest.mark.deploy
+
+MINIMAL = values_file("minimal")
+# Custom resources: kubernetes-validate has no schema for them; test_custom_resources_shape
+# checks the fields KEDA and the Prometheus Operator read instead.
+CUSTOM_KINDS = {"ScaledObject", "ServiceMonitor"}
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion: appArmorProfile, the preStop
+# sleep action) and kubernetes-validate's newest.
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+
+
+def test_ci_values_files_cover_the_required_scenarios() -> None:
+    names = {path.name.removesuffix("-values.yaml") for path in values_files()}
+    assert {"minimal", "keda", "dev"} <= names
+
+
+@pytest.mark.parametrize("values", values_files(), ids=lambda path: path.stem)
+def test_helm_lint_strict(values: Path) -> None:
+    result = run_helm("lint", "--strict", str(CHART), "--values", str(values))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shipped_config_is_the_repository_config() -> None:
+    shipped = (CHART / "files" / "fleet.toml").read_bytes()
+    assert shipped == (REPO / "config" / "fleet.toml").read_bytes(), (
+        "charts/fleet/files/fleet.toml differs from config/fleet.toml: copy it again"
+    )
+
+
+def test_config_map_holds_the_file_and_values_may_replace_it() -> None:
+    config = find(render(MINIMAL), "ConfigMap", "config")
+    assert config["data"]["fleet.toml"] == (REPO / "config" / "fleet.toml").read_text().rstrip("\n")
+    custom = '[config]\ndefault_profile = "p"\n[profiles.p.llm.root]\nmodel = "scripted/x"\n'
+    replaced = render(MINIMAL, settings={"config.fleetToml": custom, "config.profile": "p"})
+    assert find(replaced, "ConfigMap", "config")["data"]["fleet.toml"] == custom.rstrip("\n")
+
+
+def write_manifests(manifests: list[Manifest], folder: Path, name: str) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump_all(manifests, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_rendered_manifests_pass_kubernetes_validate_strict(tmp_path: Path, version: str) -> None:
+    files = []
+    for values in values_files():
+        manifests = [m for m in render(values) if m["kind"] not in CUSTOM_KINDS]
+        files.append(str(write_manifests(manifests, tmp_path, values.stem)))
+    validator = Path(sys.executable).with_name("kubernetes-validate")
+    result = subprocess.run(
+        [str(validator), "--strict", "--quiet", "-k", version, *files],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kubernetes_validate_strict_catches_an_unknown_field(tmp_path: Path) -> None:
+    """The check above can fail: strict mode refuses a field the API does not have."""
+    deployment = find(render(MINIMAL), "Deployment", "gateway")
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["bogus"] = 1
+    path = write_manifests([deployment], tmp_path, "bad")
+    validator = Path(sys.executable).with_name("kubernetes-validate")
+    result = subprocess.run(
+        [str(validator), "--strict", "--quiet", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+
+
+def test_custom_resources_shape() -> None:
+    manifests = render(values_file("keda"))
+    scaled = find(manifests, "ScaledObject", "worker")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    assert scaled["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "t-fleet-worker",
+    }
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"]["query"] == 'max(fleet_queue_depth{queue="fleet:queue"})'
+    assert trigger["metadata"]["serverAddress"] == "http://prometheus-operated.monitoring.svc:9090"
+    assert all(isinstance(value, str) for value in trigger["metadata"].values()), "KEDA metadata is strings"
+    monitor = find(manifests, "ServiceMonitor", "")  # named after the release alone
+    ports = {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]}
+    assert ports == {"http", "metrics"}
+    service_ports = {port["name"] for m in manifests if m["kind"] == "Service" for port in m["spec"]["ports"]}
+    assert ports <= service_ports
+
+
+def checkov_summary(folder: Path) -> list[dict[str, object]]:
+    result = subprocess.run(
+        [uvx(), "--quiet", "--from", CHECKOV_SPEC, "checkov", "--config-file", str(CHECKOV_CONFIG),
+         "--directory", str(folder), "--output", "json"],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    reports = json.loads(result.stdout)
+    return reports if isinstance(reports, list) else [reports]
+
+
+def test_checkov_passes_on_every_rendered_manifest(tmp_path: Path) -> None:
+    for values in values_files():
+        write_manifests(render(values), tmp_path, values.stem)
+    reports = checkov_summary(tmp_path)
+    failed = [
+        f"{check['check_id']} {check['resource']} ({check['file_path']})"
+        for report in reports
+        for check in report["results"]["failed_checks"]  # type: ignore[index]
+    ]
+    assert not failed, "checkov failures:\n" + "\n".join(failed)
+    assert all(report["summary"]["parsing_errors"] == 0 for report in reports)  # type: ignore[index]
+    assert sum(report["summary"]["passed"] for report in reports) > 1000  # type: ignore[index]
+
+
+def test_every_checkov_skip_is_justified() -> None:
+    lines = CHECKOV_CONFIG.read_text().splitlines()
+    for number, line in enumerate(lines):
+        if re.match(r"\s*- CKV", line):
+            assert lines[number - 1].lstrip().startswith("#"), f"skip without a reason: {line.strip()}"
+    inline = re.findall(r"checkov\.io/skip\d+: \"(CKV\w+)=([^\"]*)\"", all_template_text())
+    assert inline, "the mode-specific skips are annotations in the templates"
+    assert all(len(reason) > 20 for _check, reason in inline)
+
+
+def all_template_text() -> str:
+    return "\n".join(path.read_text() for path in sorted((CHART / "templates").rglob("*")) if path.is_file())
+
+
+def test_no_secret_is_created_and_secret_env_is_by_reference() -> None:
+    for values in values_files():
+        manifests = render(values)
+        assert "Secret" not in kinds(manifests), values.name
+        dev = "dev" in values.name
+        for workload in workloads(manifests):
+            for container in containers(workload):
+                for entry in container.get("env", []):
+                    secret_like = re.search(r"KEY|TOKEN|PASSWORD|SECRET", entry["name"])
+                    url = entry["name"] in ("FLEET_DATABASE_URL", "FLEET_REDIS_URL") and not dev
+                    if secret_like or url:
+                        assert set(entry) == {"name", "valueFrom"}, entry
+                        assert set(entry["valueFrom"]) == {"secretKeyRef"}, entry
+
+
+def test_dev_urls_carry_no_password() -> None:
+    manifests = render(values_file("dev"))
+    env = env_of(next(containers(find(manifests, "Deployment", "worker"))))
+    assert env["FLEET_DATABASE_URL"]["value"] == "postgresql+asyncpg://fleet@t-fleet-postgresql:5432/fleet"
+    assert env["FLEET_REDIS_URL"]["value"] == "redis://t-fleet-redis:6379/0"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"worker.sandbox.mode": "chroot"}, "/worker/sandbox/mode"),
+        ({"gateway.replicas": -1}, "/gateway/replicas"),
+        ({"gateway.unknownKey": 1}, "additional properties 'unknownKey' not allowed"),
+        ({"gateway.readinessPath": "/metrics"}, "/gateway/readinessPath"),
+        ({"lm.baseUrl": "ftp://x"}, "/lm/baseUrl"),
+        ({"secrets.apiToken.key": "has space"}, "/secrets/apiToken/key"),
+    ],
+)
+def test_schema_rejects_bad_values(settings: dict[str, object], message: str) -> None:
+    assert message in render_error(MINIMAL, settings=settings)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"secrets.existingSecret": ""}, "FLEET_DATABASE_URL: set secrets.existingSecret"),
+        ({"secrets.redisUrl.key": ""}, "FLEET_REDIS_URL: set secrets.existingSecret"),
+        (
+            {"config.profile": "local"},
+            'profile "local" reads FLEET_LM_MODEL (llm.root.model_env): set lm.model',
+        ),
+        (
+            {"config.profile": "local", "lm.model": "m", "lm.baseUrl": "http://lm"},
+            "reads FLEET_LM_API_KEY (llm.root.api_key_env): set secrets.lmApiKey.key",
+        ),
+        ({"config.profile": "nope"}, 'config.profile "nope" is not a profile of fleet.toml'),
+        ({"config.fleetToml": "x = ["}, "config.fleetToml is not valid TOML"),
+        ({"worker.sandbox.mode": "daytona"}, 'worker.sandbox.mode=daytona but profile "offline"'),
+        ({"keda.enabled": True}, "keda.enabled=true needs keda.serverAddress"),
+    ],
+)
+def test_rendering_refuses_incomplete_values(settings: dict[str, object], message: str) -> None:
+    assert message in render_error(MINIMAL, settings=settings)
+
+
+def test_the_api_token_rule() -> None:
+    """Off loopback the gateway refuses to start without a token, so the chart refuses too,
+    unless gateway.allowUnauthenticated, which passes --allow-unauthenticated."""
+    error = render_error(MINIMAL, settings={"secrets.apiToken.key": ""})
+    assert "gateway refuses to serve off loopback without FLEET_API_TOKEN" in error
+    open_gateway = render(
+        MINIMAL, settings={"secrets.apiToken.key": "", "gateway.allowUnauthenticated": True}
+    )
+    container = find(open_gateway, "Deployment", "gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert "--allow-unauthenticated" in container["args"]
+    assert "FLEET_API_TOKEN" not in {entry["name"] for entry in container["env"]}
+    guarded = find(render(MINIMAL), "Deployment", "gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert "--allow-unauthenticated" not in guarded["args"]
+    token = next(entry for entry in guarded["env"] if entry["name"] == "FLEET_API_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "fleet-credentials", "key": "api-token"}
+
+
+def test_names_fit_in_63_characters() -> None:
+    release = "r" * 53  # helm's longest release name
+    for values in values_files():
+        for manifest in render(values, release=release):
+            name = manifest["metadata"]["name"]
+            assert len(name) <= 63, name
+            assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), name
+
+
+def test_hooks_and_tests_are_the_expected_ones() -> None:
+    manifests = render(MINIMAL)
+    hooks = {(m["kind"], m["metadata"]["name"]): hook_of(m) for m in manifests if hook_of(m)}
+    assert hooks == {
+        ("ServiceAccount", "t-fleet-migrate"): "pre-install,pre-upgrade",
+        ("ConfigMap", "t-fleet-migrate-config"): "pre-install,pre-upgrade",
+        ("NetworkPolicy", "t-fleet-migrate"): "pre-install,pre-upgrade",
+        ("Job", "t-fleet-migrate"): "pre-install,pre-upgrade",
+        ("Pod", "t-fleet-doctor"): "test",
+    }
+    doctor = find(manifests, "Pod", "doctor")
+    assert doctor["spec"]["containers"][0]["args"] == ["doctor"]
+    assert doctor["spec"]["restartPolicy"] == "Never"

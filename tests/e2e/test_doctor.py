@@ -1,0 +1,248 @@
+"""`fleet doctor` as an operator runs it: a process against a private Redis, a real SQLite file,
+a real sandbox, and a loopback OpenAI-compatible provider (the real one is unreachable here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+
+from fleet_shared.db.engine import REVISIONS
+from fleet_shared.db.migrate import alembic_config
+from tests.conftest import migrate
+from tests.e2e.conftest import REPO, fleet, work_dir
+from tests.support.fake_provider import FakeProvider, serve_fake_provider
+from tests.support.servers import free_port
+
+CONFIG = REPO / "config" / "fleet.toml"
+KEY = "sk-doctor-e2e-must-not-print"
+REDIS_PASSWORD = "pw-doctor-e2e-must-not-print"
+FLEET_SCRIPT = Path(sys.executable).parent / "fleet"  # what `uv run fleet` runs
+
+
+@pytest.fixture(scope="module")
+def head_db() -> Iterator[str]:
+    """A SQLite database migrated to head, as `fleet db upgrade` leaves it."""
+    folder = work_dir("doctor")
+    url = f"sqlite+aiosqlite:///{folder / 'fleet.db'}"
+    migrate(url)
+    yield url
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    path = work_dir("doctor-test")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    with serve_fake_provider() as fake:
+        fake.api_key = KEY
+        yield fake
+
+
+def doctor_env(redis_url: str, database_url: str, **extra: str) -> dict[str, str]:
+    base = {name: value for name, value in os.environ.items() if not name.startswith("FLEET_")}
+    return {
+        **base,
+        "FLEET_CONFIG": str(CONFIG),
+        "FLEET_PROFILE": "offline",
+        "FLEET_REDIS_URL": redis_url,
+        "FLEET_DATABASE_URL": database_url,
+        **extra,
+    }
+
+
+def run_doctor(
+    env: dict[str, str], *args: str, timeout: float = 90
+) -> tuple[int, dict[str, Any], str, float]:
+    """Exit code, the JSON document, everything printed, and how long it took."""
+    started = time.monotonic()
+    done = subprocess.run(
+        fleet("doctor", "--json", *args),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    return done.returncode, json.loads(done.stdout), done.stdout + done.stderr, elapsed
+
+
+def by_name(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {check["name"]: check for check in document["checks"]}
+
+
+def provider_env(redis_url: str, database_url: str, fake: FakeProvider, key: str) -> dict[str, str]:
+    return doctor_env(
+        redis_url,
+        database_url,
+        FLEET_PROFILE="local",
+        FLEET_LM_MODEL="openai/fake-model",
+        FLEET_LM_BASE_URL=fake.url,
+        FLEET_LM_API_KEY=key,
+    )
+
+
+def test_a_healthy_install_passes_every_check(redis_url: str, head_db: str) -> None:
+    code, document, printed, _ = run_doctor(doctor_env(redis_url, head_db))
+    assert code == 0, printed
+    assert document["ok"] is True
+    checks = by_name(document)
+    assert list(checks) == [
+        "config",
+        "database",
+        "redis",
+        "sandbox.bwrap",
+        "sandbox.userns",
+        "sandbox.cgroups",
+        "sandbox.seccomp",
+        "sandbox.cell",
+        "provider",
+    ]
+    assert checks["database"]["status"] == "ok" and "at head" in checks["database"]["detail"]
+    assert checks["redis"]["status"] == "ok" and "answered PING" in checks["redis"]["detail"]
+    assert checks["sandbox.cell"]["status"] == "ok", checks["sandbox.cell"]
+    assert "print(1+1) printed 2 in a bwrap" in checks["sandbox.cell"]["detail"]
+    assert checks["provider"] == {
+        "name": "provider",
+        "status": "skip",
+        "detail": "scripted LM: nothing to authenticate",
+        "fix": None,
+    }
+    for name in ("config", "sandbox.bwrap", "sandbox.userns", "sandbox.seccomp"):
+        assert checks[name]["status"] == "ok", checks[name]
+
+
+def test_the_fleet_command_prints_a_table(redis_url: str, head_db: str) -> None:
+    done = subprocess.run(
+        [str(FLEET_SCRIPT), "doctor"],
+        env=doctor_env(redis_url, head_db),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("ok    config ")
+    assert any(line.startswith("ok    sandbox.cell ") for line in lines)
+    assert lines[-1].startswith("fleet doctor: no check failed")
+
+
+def test_a_database_behind_head_fails_with_the_upgrade_fix(redis_url: str, folder: Path) -> None:
+    url = f"sqlite+aiosqlite:///{folder / 'fleet.db'}"
+    command.upgrade(alembic_config(url), REVISIONS[-2])
+    code, document, printed, _ = run_doctor(doctor_env(redis_url, url))
+    assert code == 1, printed
+    database = by_name(document)["database"]
+    assert database["status"] == "fail"
+    assert f"schema at {REVISIONS[-2]}, this fleet expects {REVISIONS[-1]}" in database["detail"]
+    assert "fleet db upgrade" in database["fix"]
+    assert by_name(document)["redis"]["status"] == "ok"  # the other checks still ran
+
+
+def test_a_dead_redis_fails_fast_without_its_password(head_db: str) -> None:
+    url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{free_port()}/0"
+    code, document, printed, elapsed = run_doctor(doctor_env(url, head_db))
+    assert code == 1
+    assert elapsed < 15  # a sandbox cell included; the Redis check itself answers at once
+    redis = by_name(document)["redis"]
+    assert redis["status"] == "fail" and "is unreachable" in redis["detail"]
+    assert "redis://:***@127.0.0.1" in redis["detail"] and "FLEET_REDIS_URL" in redis["fix"]
+    assert REDIS_PASSWORD not in printed
+
+
+def test_a_redis_that_never_answers_fails_at_its_deadline(head_db: str) -> None:
+    """A port that accepts connections and never replies: the PING is bounded."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        code, document, printed, elapsed = run_doctor(doctor_env(url, head_db))
+    assert code == 1, printed
+    assert elapsed < 20
+    redis = by_name(document)["redis"]
+    assert redis["status"] == "fail" and "PING" in redis["detail"], redis
+
+
+def test_a_refused_key_fails_and_is_never_printed(
+    redis_url: str, head_db: str, provider: FakeProvider
+) -> None:
+    code, document, printed, _ = run_doctor(provider_env(redis_url, head_db, provider, "sk-wrong-" + KEY))
+    assert code == 1
+    check = by_name(document)["provider"]
+    assert check["status"] == "fail" and "the key was refused (401)" in check["detail"]
+    assert check["fix"] == "set FLEET_LM_API_KEY to a key this provider accepts"
+    assert provider.headers[-1]["authorization"] == f"Bearer sk-wrong-{KEY}"  # it was sent
+    assert KEY not in printed and "Incorrect API key" not in printed  # the refusal echoes it
+
+
+def test_an_accepted_key_passes(redis_url: str, head_db: str, provider: FakeProvider) -> None:
+    code, document, printed, _ = run_doctor(provider_env(redis_url, head_db, provider, KEY))
+    assert code == 0, printed
+    check = by_name(document)["provider"]
+    assert check["status"] == "ok" and "accepted the key (200" in check["detail"]
+    assert KEY not in printed
+
+
+def test_a_broken_config_fails_and_skips_the_rest(redis_url: str, head_db: str) -> None:
+    env = doctor_env(redis_url, head_db, FLEET_PROFILE="local")  # FLEET_LM_MODEL is not set
+    code, document, printed, _ = run_doctor(env)
+    assert code == 1, printed
+    config, *rest = document["checks"]
+    assert config["status"] == "fail"
+    assert "FLEET_LM_MODEL is not set" in config["detail"]
+    assert config["fix"].startswith("export FLEET_LM_MODEL")
+    assert {check["status"] for check in rest} == {"skip"}
+
+
+def unisolated_config(folder: Path, allow: bool) -> Path:
+    """The shipped file with the offline profile's allow_unisolated set (the first one is offline's)."""
+    text = CONFIG.read_text().replace(
+        "allow_unisolated = false", f"allow_unisolated = {str(allow).lower()}", 1
+    )
+    path = folder / "fleet.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("allow_unisolated", [False, True])
+def test_without_bwrap_the_sandbox_fails_unless_unisolated_is_allowed(
+    redis_url: str, head_db: str, folder: Path, allow_unisolated: bool
+) -> None:
+    env = doctor_env(
+        redis_url,
+        head_db,
+        FLEET_CONFIG=str(unisolated_config(folder, allow_unisolated)),
+        FLEET_SCRIPTED_LM=str(REPO / "config" / "scripts" / "demo.jsonl"),
+        PATH=str(folder),  # no bwrap on it
+    )
+    code, document, printed, _ = run_doctor(env)
+    checks = by_name(document)
+    if allow_unisolated:
+        assert code == 0, printed
+        assert checks["sandbox.bwrap"]["status"] == "warn"
+        assert checks["sandbox.cell"]["status"] == "warn"
+        assert "UNISOLATED" in checks["sandbox.cell"]["detail"]
+        assert "allow_unisolated = false" in checks["sandbox.cell"]["fix"]
+    else:
+        assert code == 1, printed
+        assert checks["sandbox.bwrap"]["status"] == "fail"
+        assert checks["sandbox.cell"]["status"] == "fail"
+        assert "bubblewrap (bwrap) was not found" in checks["sandbox.cell"]["detail"]
+        assert "apt-get install bubblewrap" in checks["sandbox.cell"]["fix"]

@@ -1,0 +1,224 @@
+"""`fleet doctor`'s sandbox checks: bwrap, user namespaces, cgroups, seccomp, then one real cell.
+
+Each part is found the way the worker finds it (the same `LocalSandboxProvider`, `Cgroups.detect`
+and `build_filter`), so the doctor and the worker agree on what a sandbox gets. The last check
+starts a real REPL in a throwaway workspace through the provider and runs one cell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fleet_shared.config import Settings
+from fleet_shared.doctor import Check
+from fleet_worker.sandbox.boundary import Caps
+from fleet_worker.sandbox.cgroups import Cgroups, Limits, cgroup_mounts
+from fleet_worker.sandbox.errors import INSTALL_HINT, SandboxError, SandboxUnavailable
+from fleet_worker.sandbox.jail import LocalSandboxConfig, local_sandbox_config
+from fleet_worker.sandbox.local import LocalSandboxProvider
+from fleet_worker.sandbox.syscalls import build_filter
+
+# The doctor must answer within a bounded time, whatever the profile allows a real cell.
+CELL_TIMEOUT_SECONDS = 20.0
+STARTUP_TIMEOUT_SECONDS = 10.0
+PROBE_TIMEOUT_SECONDS = 5.0
+CELL = "print(1+1)"
+CLONE_NEWUSER = 0x10000000
+# Run in a child, so the doctor itself never enters a new namespace. Python 3.11 has no os.unshare.
+UNSHARE_USERNS = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    f"sys.exit(0 if libc.unshare({CLONE_NEWUSER}) == 0 else os.strerror(ctypes.get_errno()))\n"
+)
+USERNS_SYSCTLS = (
+    "/proc/sys/user/max_user_namespaces",
+    "/proc/sys/kernel/unprivileged_userns_clone",
+    "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+)
+USERNS_FIX = (
+    "allow user namespaces: `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (or an "
+    "AppArmor profile for bwrap), `sysctl -w user.max_user_namespaces=15000`; in a pod, the worker's "
+    "securityContext from the chart (docs/deployment.md)"
+)
+CGROUPS_FIX = (
+    "for whole-sandbox limits run the worker as root with writable memory, pids and cpu "
+    "controllers (cgroup v2: delegated to the worker's cgroup); see docs/security.md"
+)
+SECCOMP_FIX = "apt-get install libseccomp2 (the worker's pyseccomp drives it)"
+
+
+def check_sandbox(settings: Settings) -> list[Check]:
+    """The sandbox checks for the profile's provider, in order."""
+    if settings.profile.sandbox.provider == "daytona":
+        detail = "sandbox.provider = daytona: `fleet doctor daytona` runs a cell in a disposable sandbox"
+        return [Check(name="sandbox", status="skip", detail=detail)]
+    cfg = doctor_config(local_sandbox_config(settings.profile.sandbox.local))
+    cell = run_cell(cfg, Caps.from_rlm(settings.profile.rlm))
+    works = cell.status != "fail"
+    return [
+        check_bwrap(cfg),
+        check_userns(sandbox_works=works),
+        check_cgroups(cfg),
+        check_seccomp(),
+        cell,
+    ]
+
+
+def doctor_config(cfg: LocalSandboxConfig) -> LocalSandboxConfig:
+    """The profile's sandbox, with timeouts the doctor can wait for and no warm REPLs."""
+    return dataclasses.replace(
+        cfg,
+        cell_timeout_seconds=min(cfg.cell_timeout_seconds, CELL_TIMEOUT_SECONDS),
+        startup_timeout_seconds=min(cfg.startup_timeout_seconds, STARTUP_TIMEOUT_SECONDS),
+        pool_size=0,
+    )
+
+
+def check_bwrap(cfg: LocalSandboxConfig) -> Check:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        if cfg.allow_unisolated:
+            detail = "bubblewrap (bwrap) is not on PATH: cells run UNISOLATED (allow_unisolated = true)"
+            return Check(name="sandbox.bwrap", status="warn", detail=detail, fix=INSTALL_HINT)
+        return Check(
+            name="sandbox.bwrap", status="fail", detail="bubblewrap (bwrap) is not on PATH", fix=INSTALL_HINT
+        )
+    setuid = " (setuid)" if os.stat(bwrap).st_mode & stat.S_ISUID else ""
+    return Check(name="sandbox.bwrap", status="ok", detail=f"{bwrap}{setuid}: {bwrap_version(bwrap)}")
+
+
+def bwrap_version(bwrap: str) -> str:
+    try:
+        done = subprocess.run(
+            [bwrap, "--version"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_SECONDS, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"version unknown ({type(exc).__name__})"
+    return done.stdout.strip() or "version unknown"
+
+
+def check_userns(*, sandbox_works: bool) -> Check:
+    """Whether this user can create a user namespace (bwrap's --unshare-user needs one, unless
+    bwrap is setuid)."""
+    refusal = userns_refusal()
+    if refusal is None:
+        who = "root" if os.geteuid() == 0 else "this (unprivileged) user"
+        return Check(name="sandbox.userns", status="ok", detail=f"user namespaces are usable by {who}")
+    detail = f"creating a user namespace was refused ({refusal}); {userns_sysctls()}"
+    if sandbox_works:  # a setuid bwrap does without them
+        return Check(name="sandbox.userns", status="warn", detail=f"{detail}; bwrap works regardless")
+    return Check(name="sandbox.userns", status="fail", detail=detail, fix=USERNS_FIX)
+
+
+def userns_refusal() -> str | None:
+    """None when a child of this process could unshare a user namespace; why not otherwise."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", UNSHARE_USERNS],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_SECONDS,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the probe did not run: {type(exc).__name__}"
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["unknown"])[-1]
+
+
+def userns_sysctls() -> str:
+    """The kernel settings that decide it, as `name=value` (those this kernel has)."""
+    found = []
+    for path in USERNS_SYSCTLS:
+        try:
+            value = Path(path).read_text().strip()
+        except OSError:
+            continue
+        found.append(f"{path.removeprefix('/proc/sys/').replace('/', '.')}={value}")
+    return ", ".join(found) or "no user-namespace sysctls readable"
+
+
+def check_cgroups(cfg: LocalSandboxConfig) -> Check:
+    """The cgroup mode the worker would use (Cgroups.detect proves it by creating one cgroup)."""
+    limits = Limits(memory_bytes=cfg.memory_mb * 2**20, pids=cfg.max_processes, cpus=cfg.cpus)
+    cgroups = Cgroups.detect(limits)
+    host = host_cgroup_version()
+    if cgroups.bases:
+        detail = (
+            f"{cgroups.mode}, writable: whole-sandbox limits apply (memory {cfg.memory_mb} MB, "
+            f"{cfg.max_processes} processes, {cfg.cpus:g} CPU)"
+        )
+        return Check(name="sandbox.cgroups", status="ok", detail=detail)
+    detail = (
+        f"{host} host, not usable ({cgroups.reason}): no whole-sandbox limits, each process keeps "
+        f"its rlimits (memory {cfg.memory_mb} MB per process)"
+    )
+    return Check(name="sandbox.cgroups", status="warn", detail=detail, fix=CGROUPS_FIX)
+
+
+def host_cgroup_version() -> str:
+    try:
+        mounts = cgroup_mounts()
+    except OSError:
+        return "unknown cgroup"
+    v1 = any(controller for controller in mounts if controller)
+    if v1:
+        return "cgroup v1 (hybrid)" if "" in mounts else "cgroup v1"
+    return "cgroup v2" if "" in mounts else "no cgroup"
+
+
+def check_seccomp() -> Check:
+    try:
+        program = build_filter()
+    except (OSError, AttributeError, ImportError) as exc:  # what the provider treats as "none"
+        detail = f"libseccomp is not usable ({exc}): cells run without the syscall filter"
+        return Check(name="sandbox.seccomp", status="warn", detail=detail, fix=SECCOMP_FIX)
+    detail = f"libseccomp built the syscall filter ({len(program)} bytes)"
+    return Check(name="sandbox.seccomp", status="ok", detail=detail)
+
+
+def run_cell(cfg: LocalSandboxConfig, caps: Caps) -> Check:
+    """Start a REPL the way the worker does, in a throwaway workspace, and run one cell."""
+    provider = LocalSandboxProvider(cfg, caps=caps)
+    scratch = Path(tempfile.mkdtemp(prefix="fleet-doctor-"))
+    try:
+        return timed_cell(provider, scratch / "workspaces")
+    finally:
+        provider.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def timed_cell(provider: LocalSandboxProvider, workspaces: Path) -> Check:
+    started = time.monotonic()
+    try:
+        isolation = provider.isolation  # settles it as the worker does, probe REPL included
+    except SandboxUnavailable as exc:
+        return Check(name="sandbox.cell", status="fail", detail=exc.reason, fix=exc.fix)
+    provider.place_workspaces(workspaces, workspaces)
+    try:
+        lease = provider.acquire_scratch("doctor")
+        try:
+            result = lease.interpreter_factory().execute(CELL, {}, {}, None)
+        finally:
+            lease.release()
+    except (SandboxError, OSError) as exc:
+        detail = f"the sandbox started but the cell failed: {type(exc).__name__}: {exc}"
+        return Check(name="sandbox.cell", status="fail", detail=detail, fix="see docs/security.md")
+    elapsed = time.monotonic() - started
+    printed = result.stdout.strip()
+    if result.error is not None or printed != "2":
+        problem = f"{result.error.type}: {result.error.message}" if result.error else f"printed {printed!r}"
+        detail = f"{CELL} in a {isolation.mode} sandbox did not print 2 ({problem})"
+        return Check(name="sandbox.cell", status="fail", detail=detail, fix="see docs/security.md")
+    detail = f"{CELL} printed 2 in a {isolation.mode} sandbox ({elapsed:.2f}s, REPL start included)"
+    if isolation.bwrap is None:
+        fix = "install bubblewrap and set sandbox.local.allow_unisolated = false"
+        return Check(name="sandbox.cell", status="warn", detail=detail, fix=fix)
+    return Check(name="sandbox.cell", status="ok", detail=detail)
