@@ -36,6 +36,7 @@ openapi:
 migrate:
     uv run fleet db upgrade
 
-# Benchmark lanes (bench/): `just bench` runs them all, `just bench sandbox` one; receipts go to bench/receipts/.
+# Benchmark lanes (bench/README.md): `just bench` runs them all, `just bench turn fanout` some,
+# `--quick` a smoke run; receipts go to bench/receipts/. `just bench report` summarises the latest.
 bench *lanes:
     uv run python -m bench {{lanes}}

@@ -1,36 +1,67 @@
-"""`python -m bench [lane ...]`: run benchmark lanes and write their receipts."""
+"""`python -m bench [lane ...] [--quick]` runs lanes and writes their receipts;
+`python -m bench report` renders the latest receipt of each lane (Markdown, and a PNG plot when
+matplotlib imports)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import time
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
-from bench import sandbox
+from bench import fanout, live, recovery, sandbox, scale, soak, turn
+from bench.report import write_report
 
-LANES = {"sandbox": sandbox.run}
-RECEIPTS = Path(__file__).resolve().parent / "receipts"
+LANES: dict[str, Callable[..., dict[str, Any]]] = {
+    "turn": turn.run,
+    "sandbox": sandbox.run,
+    "fanout": fanout.run,
+    "scale": scale.run,
+    "recovery": recovery.run,
+    "soak": soak.run,
+    "live": live.run,
+}
+ORDER = ["turn", "sandbox", "fanout", "scale", "recovery", "soak", "live"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench")
-    parser.add_argument("lanes", nargs="*", default=sorted(LANES), help=f"lanes to run: {sorted(LANES)}")
-    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    parser = argparse.ArgumentParser(prog="bench", description=__doc__)
+    parser.add_argument("lanes", nargs="*", default=ORDER, help=f"lanes to run, or `report`: {ORDER}")
+    parser.add_argument("--quick", action="store_true", help="few samples, small N (a smoke run)")
+    parser.add_argument("--streams", help="fanout: comma-separated stream counts, e.g. 100,2000")
+    parser.add_argument("--turns", type=int, help="soak: how many Turns")
     args = parser.parse_args(argv)
+    if args.lanes == ["report"]:
+        markdown, written = write_report()
+        print(markdown)
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
+        return 0
     unknown = [lane for lane in args.lanes if lane not in LANES]
     if unknown:
-        parser.error(f"unknown lane(s) {unknown}; known: {sorted(LANES)}")
-    RECEIPTS.mkdir(exist_ok=True)
+        parser.error(f"unknown lane(s) {unknown}; known: {ORDER} or `report`")
+    failed = []
     for lane in args.lanes:
-        receipt = LANES[lane](quick=args.quick)
-        receipt = {"lane": lane, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **receipt}
-        path = RECEIPTS / f"{lane}-{time.strftime('%Y%m%dT%H%M%S')}.json"
-        path.write_text(json.dumps(receipt, indent=2) + "\n")
-        print(json.dumps(receipt, indent=2))
-        print(f"receipt: {path}", file=sys.stderr)
-    return 0
+        kwargs: dict[str, Any] = {"quick": args.quick}
+        if lane == "fanout" and args.streams:
+            kwargs["streams"] = tuple(int(n) for n in args.streams.split(","))
+        if lane == "soak" and args.turns:
+            kwargs["turns"] = args.turns
+        print(f"== lane {lane}{' (quick)' if args.quick else ''}", file=sys.stderr, flush=True)
+        try:
+            receipt = LANES[lane](**kwargs)
+        except Exception as exc:  # one broken lane must not hide the others' receipts
+            failed.append(lane)
+            print(f"lane {lane} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        print(json.dumps(receipt, indent=2, ensure_ascii=False))
+        print(f"receipt: {receipt.get('receipt_path')}", file=sys.stderr)
+    if len(args.lanes) > 1 and not failed:
+        markdown, written = write_report()
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

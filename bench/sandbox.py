@@ -5,39 +5,25 @@
 - `lease_from_pool`: acquiring a lease whose warm REPL is waiting, plus its first cell.
 - `lease_cold`: a lease for a workspace with no warm REPL, plus its first cell.
 
-Samples of the two sides are interleaved, so machine noise hits both alike.
+Samples of the two sides are interleaved, so machine noise hits both alike. p50/p95/p99, the
+machine load and the receipt come from bench.harness.
 """
 
 from __future__ import annotations
 
+import functools
 import shutil
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dspy.primitives.local_interpreter import LocalInterpreter
 
+from bench.harness import Receipt, compared, goal, summary, timed
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "n": len(ordered),
-        "p50_ms": round(statistics.median(ordered) * 1000, 3),
-        "p95_ms": round(ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))] * 1000, 3),
-    }
-
-
-def timed(call: Callable[[], Any]) -> float:
-    started = time.perf_counter()
-    call()
-    return time.perf_counter() - started
 
 
 def echo(text: str) -> str:
@@ -46,10 +32,14 @@ def echo(text: str) -> str:
 
 def run(*, quick: bool = False) -> dict[str, Any]:
     rounds = 50 if quick else 500
+    receipt = Receipt(
+        "sandbox", {"rounds": rounds, "lease_rounds": 10 if quick else 40}, baseline="dspy LocalInterpreter"
+    )
     root = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     root.chmod(0o711)
     provider = LocalSandboxProvider(LocalSandboxConfig(pool_size=4), caps=Caps(), workspaces=root)
     baseline = LocalInterpreter(tools={"echo": echo})
+    pooled: dict[str, Any] = {}
     try:
         baseline.start()
         lease = provider.acquire("ws", "bench")
@@ -66,26 +56,40 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             theirs["tool_call"].append(timed(lambda: baseline.execute("echo('hi')")))
         lease.release()
         pooled, cold = leases(provider, root, 10 if quick else 40)
-        result: dict[str, Any] = {"sandbox_mode": provider.mode, "baseline": "dspy LocalInterpreter"}
+        receipt.parameters["sandbox_mode"] = provider.mode
         for name in ("cell", "tool_call"):
-            mine, base = summary(ours[name]), summary(theirs[name])
-            result[name] = {
-                "fleet": mine,
-                "baseline": base,
-                "ratio_p50": round(mine["p50_ms"] / base["p50_ms"], 2),
-            }
-        result["lease_from_pool"] = pooled
-        result["lease_cold"] = cold
-        return result
+            receipt.figures[name] = compared(ours[name], theirs[name])
+            receipt.ratios[name] = {k: v for k, v in receipt.figures[name].items() if k.startswith("ratio")}
+        receipt.figures["lease_from_pool"] = pooled
+        receipt.figures["lease_cold"] = cold
     finally:
         baseline.shutdown()
         provider.close()
         shutil.rmtree(root, ignore_errors=True)
+    cell_ratio = receipt.ratios["cell"]["ratio_p50"]
+    lease_p50 = pooled["acquire"]["p50_ms"]
+    receipt.goals = [
+        goal("cell", "cell round trip ≤ 1.0 x LocalInterpreter (p50)", cell_ratio, cell_ratio <= 1.0),
+        goal("lease", "lease acquire ≤ 10 ms p50 from the warm pool", lease_p50, lease_p50 <= 10),
+        goal(
+            "turn_on_bwrap",
+            "a Turn on bwrap ≤ 1.1 x the same Turn on LocalInterpreter in-process",
+            None,
+            None,
+            "not measured yet by this lane (the `turn` lane's floor is the LocalInterpreter side)",
+        ),
+    ]
+    body, path = receipt.write()
+    body["receipt_path"] = str(path)
+    return body
 
 
 def leases(provider: LocalSandboxProvider, root: Path, rounds: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Acquire + first cell: the same workspace again (its warm REPL is waiting) vs new ones."""
-    acquire_warm, first_warm, acquire_cold, first_cold = [], [], [], []
+    acquire_warm: list[float] = []
+    first_warm: list[float] = []
+    acquire_cold: list[float] = []
+    first_cold: list[float] = []
     for index in range(rounds):
         for warm in (True, False):
             workspace = "again" if warm else f"new-{index}"
@@ -94,7 +98,7 @@ def leases(provider: LocalSandboxProvider, root: Path, rounds: int) -> tuple[dic
             session = lease.interpreter_factory()
             (acquire_warm if warm else acquire_cold).append(time.perf_counter() - started)
             (first_warm if warm else first_cold).append(
-                timed(lambda s=session: s.execute("y = 2", {}, {}, None))
+                timed(functools.partial(session.execute, "y = 2", {}, {}, None))
             )
             lease.release()
             time.sleep(0.2)  # the pool restarts a REPL for this workspace in the background

@@ -12,6 +12,7 @@ import functools
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,10 @@ def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def template_args(values: tuple[Path, ...], settings: tuple[str, ...], release: str) -> list[str]:
-    args = ["template", release, str(CHART), "--namespace", NAMESPACE]
+def template_args(
+    values: tuple[Path, ...], settings: tuple[str, ...], release: str, chart: Path = CHART
+) -> list[str]:
+    args = ["template", release, str(chart), "--namespace", NAMESPACE]
     for path in values:
         args += ["--values", str(path)]
     for setting in settings:
@@ -97,6 +100,37 @@ def render_error(*values: Path, settings: Mapping[str, object] | None = None) ->
     result = run_helm(*template_args(tuple(values), flat, RELEASE))
     assert result.returncode != 0, "helm template succeeded, expected it to refuse these values"
     return result.stderr
+
+
+# A ConfigMap that renders the chart's NOTES.txt (copied beside Chart.yaml) with `tpl`, so that
+# `helm template` shows the notes, for any --kube-version (`helm install` has no such flag).
+NOTES_PROBE = """apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: notes
+data:
+  notes: {{ tpl (.Files.Get "notes.txt") . | toJson }}
+"""
+
+
+@functools.cache
+def notes_text(values: tuple[Path, ...], settings: tuple[str, ...], kube_version: str) -> str:
+    with tempfile.TemporaryDirectory() as folder:
+        chart = Path(folder) / "fleet"
+        shutil.copytree(CHART, chart)
+        shutil.copy(CHART / "templates" / "NOTES.txt", chart / "notes.txt")
+        (chart / "templates" / "notes-probe.yaml").write_text(NOTES_PROBE)
+        args = template_args(values, settings, RELEASE, chart)
+        result = run_helm(*args, "--kube-version", kube_version, "--show-only", "templates/notes-probe.yaml")
+    assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
+    text: str = yaml.safe_load(result.stdout)["data"]["notes"]
+    return text
+
+
+def notes(*values: Path, settings: Mapping[str, object] | None = None, kube_version: str = "1.35.0") -> str:
+    """The install notes (NOTES.txt) for these values on a cluster of that Kubernetes version."""
+    flat = tuple(f"{key}={value}" for key, value in (settings or {}).items())
+    return notes_text(tuple(values), flat, kube_version)
 
 
 def find(manifests: list[Manifest], kind: str, suffix: str) -> Manifest:

@@ -24,6 +24,7 @@ from tests.deploy.chart import (
     find,
     hook_of,
     kinds,
+    notes,
     render,
     render_error,
     run_helm,
@@ -120,7 +121,10 @@ def test_custom_resources_shape() -> None:
     }
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
-    assert trigger["metadata"]["query"] == 'max(fleet_queue_depth{queue="fleet:queue"})'
+    assert trigger["metadata"]["query"] == (
+        'max(fleet_queue_depth{queue="fleet:queue",namespace="fleet"})'
+        ' + max(fleet_queue_in_progress{queue="fleet:queue",namespace="fleet"})'
+    )
     assert trigger["metadata"]["serverAddress"] == "http://prometheus-operated.monitoring.svc:9090"
     assert all(isinstance(value, str) for value in trigger["metadata"].values()), "KEDA metadata is strings"
     monitor = find(manifests, "ServiceMonitor", "")  # named after the release alone
@@ -198,11 +202,37 @@ def test_dev_urls_carry_no_password() -> None:
         ({"gateway.unknownKey": 1}, "additional properties 'unknownKey' not allowed"),
         ({"gateway.readinessPath": "/metrics"}, "/gateway/readinessPath"),
         ({"lm.baseUrl": "ftp://x"}, "/lm/baseUrl"),
+        ({"lm.baseUrl": "https://user:secret@lm.internal/v1"}, "/lm/baseUrl"),
         ({"secrets.apiToken.key": "has space"}, "/secrets/apiToken/key"),
+        ({"dataVolume.emptyDirSizeLimit": "2GB"}, "/dataVolume/emptyDirSizeLimit"),
+        ({"gateway.pdb.maxUnavailable": 0}, "/gateway/pdb/maxUnavailable"),
+        ({"worker.pdb.maxUnavailable": "0%"}, "/worker/pdb/maxUnavailable"),
+        ({"worker.sandbox.seccompProfile.type": "Localhost"}, "localhostProfile"),
+        ({"worker.sandbox.appArmorProfile.type": "Localhost"}, "localhostProfile"),
+        ({"dev.postgresql.image.tag": ""}, "/dev/postgresql/image/tag"),
     ],
 )
 def test_schema_rejects_bad_values(settings: dict[str, object], message: str) -> None:
     assert message in render_error(MINIMAL, settings=settings)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"dataVolume.emptyDirSizeLimit": "2G"},
+        {"dataVolume.emptyDirSizeLimit": "500M"},
+        {"dataVolume.emptyDirSizeLimit": "2Gi"},
+        {"gateway.pdb.maxUnavailable": "25%", "worker.pdb.maxUnavailable": 2},
+        {
+            "worker.sandbox.seccompProfile.type": "Localhost",
+            "worker.sandbox.seccompProfile.localhostProfile": "p.json",
+        },
+        {"lm.baseUrl": "https://lm.internal:8443/v1?tenant=a@b"},
+    ],
+    ids=["2G", "500M", "2Gi", "pdb", "localhost-seccomp", "url-with-at-in-query"],
+)
+def test_schema_accepts_kubernetes_forms(settings: dict[str, object]) -> None:
+    assert render(MINIMAL, settings=settings)
 
 
 @pytest.mark.parametrize(
@@ -222,6 +252,32 @@ def test_schema_rejects_bad_values(settings: dict[str, object], message: str) ->
         ({"config.fleetToml": "x = ["}, "config.fleetToml is not valid TOML"),
         ({"worker.sandbox.mode": "daytona"}, 'worker.sandbox.mode=daytona but profile "offline"'),
         ({"keda.enabled": True}, "keda.enabled=true needs keda.serverAddress"),
+        ({"worker.replicas": 0}, "worker.replicas=0 with gateway.readinessPath=/ready"),
+        (
+            {
+                "gateway.autoscaling.enabled": True,
+                "gateway.autoscaling.minReplicas": 5,
+                "gateway.autoscaling.maxReplicas": 3,
+            },
+            "gateway.autoscaling.minReplicas (5) is above gateway.autoscaling.maxReplicas (3)",
+        ),
+        (
+            {
+                "worker.autoscaling.enabled": True,
+                "worker.autoscaling.minReplicas": 4,
+                "worker.autoscaling.maxReplicas": 2,
+            },
+            "worker.autoscaling.minReplicas (4) is above worker.autoscaling.maxReplicas (2)",
+        ),
+        (
+            {
+                "keda.enabled": True,
+                "keda.serverAddress": "http://p:9090",
+                "keda.minReplicas": 9,
+                "keda.maxReplicas": 3,
+            },
+            "keda.minReplicas (9) is above keda.maxReplicas (3)",
+        ),
     ],
 )
 def test_rendering_refuses_incomplete_values(settings: dict[str, object], message: str) -> None:
@@ -267,3 +323,27 @@ def test_hooks_and_tests_are_the_expected_ones() -> None:
     doctor = find(manifests, "Pod", "doctor")
     assert doctor["spec"]["containers"][0]["args"] == ["doctor"]
     assert doctor["spec"]["restartPolicy"] == "Never"
+
+
+def test_notes_read_secret_keys_with_dots_and_offer_helm_test() -> None:
+    text = notes(MINIMAL, settings={"secrets.apiToken.key": "api.token"})
+    assert """get secret fleet-credentials -o go-template='{{ index .data "api.token" }}'""" in text
+    assert "jsonpath" not in text, "jsonpath's {.data.a.b} cannot name a key with a dot"
+    assert "helm test t -n fleet --logs" in text
+    assert "works with zero workers" in text
+
+
+def test_notes_warn_about_userns_requirements() -> None:
+    old = notes(MINIMAL, kube_version="1.32.4")
+    assert "on by default only from Kubernetes 1.33; this cluster is v1.32.4" in old
+    current = notes(MINIMAL, kube_version="1.33.0")
+    assert "this cluster is" not in current
+    for text in (old, current):
+        assert "ID-mapped mounts" in text and "NFS/EFS do not" in text
+        assert "pod-security.kubernetes.io/enforce=privileged" in text
+    assert "ID-mapped" not in notes(values_file("privileged"), kube_version="1.32.4")
+
+
+def test_notes_tell_how_to_migrate_a_restarted_dev_postgresql() -> None:
+    assert "helm upgrade t <chart> -n fleet --reuse-values" in notes(values_file("dev"))
+    assert "--reuse-values" not in notes(MINIMAL)

@@ -17,6 +17,7 @@ from tests.deploy.chart import (
     render,
     render_error,
     values_file,
+    workloads,
 )
 
 pytestmark = pytest.mark.deploy
@@ -48,7 +49,7 @@ def test_autoscalers_own_the_replicas_when_enabled() -> None:
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
     scaled = find(manifests, "ScaledObject", "worker")
     assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (1, 12)
-    assert scaled["spec"]["triggers"][0]["metadata"]["threshold"] == "2"
+    assert scaled["spec"]["triggers"][0]["metadata"]["threshold"] == "2"  # worker.concurrency
     # KEDA owns the workers' HPA: the chart renders none of its own for them.
     assert [m["metadata"]["name"] for m in manifests if m["kind"] == "HorizontalPodAutoscaler"] == [
         "t-fleet-gateway"
@@ -62,7 +63,25 @@ def test_keda_query_follows_the_profile_queue_name() -> None:
     )
     manifests = render(KEDA, settings={"config.fleetToml": custom, "config.profile": "p"})
     query = find(manifests, "ScaledObject", "worker")["spec"]["triggers"][0]["metadata"]["query"]
-    assert query == 'max(fleet_queue_depth{queue="tenant-a:queue"})'
+    selector = '{queue="tenant-a:queue",namespace="fleet"}'
+    assert query == f"max(fleet_queue_depth{selector}) + max(fleet_queue_in_progress{selector})"
+
+
+def keda_trigger(**settings: object) -> dict[str, str]:
+    manifests = render(KEDA, settings=settings)
+    metadata: dict[str, str] = find(manifests, "ScaledObject", "worker")["spec"]["triggers"][0]["metadata"]
+    return metadata
+
+
+def test_keda_scales_on_demand_per_worker_and_errs_on_an_empty_result() -> None:
+    """Demand is waiting + running Turns of this release's namespace, one replica per
+    worker's worth of it; an absent series is an error (then `fallback`), never a 0."""
+    trigger = keda_trigger()
+    assert trigger["ignoreNullValues"] == "false"
+    assert "fleet_queue_in_progress" in trigger["query"] and 'namespace="fleet"' in trigger["query"]
+    assert keda_trigger(**{"worker.concurrency": "null"})["threshold"] == "4"  # profile local's
+    assert keda_trigger(**{"keda.threshold": 3})["threshold"] == "3"
+    assert keda_trigger(**{"keda.query": "vector(1)"})["query"] == "vector(1)"
 
 
 def test_worker_hpa_fallback_without_keda() -> None:
@@ -70,7 +89,8 @@ def test_worker_hpa_fallback_without_keda() -> None:
     assert "ScaledObject" not in kinds(manifests)
     metric = find(manifests, "HorizontalPodAutoscaler", "worker")["spec"]["metrics"][0]
     assert metric["type"] == "External"
-    assert metric["external"]["metric"]["name"] == "fleet_queue_depth"
+    assert metric["external"]["metric"]["name"] == "fleet_queue_demand"
+    assert metric["external"]["target"]["averageValue"] == "8"  # daytona-recursive's concurrency
     cpu = render(MINIMAL, settings={"worker.autoscaling.enabled": True})
     assert find(cpu, "HorizontalPodAutoscaler", "worker")["spec"]["metrics"][0]["resource"]["name"] == "cpu"
 
@@ -109,6 +129,18 @@ def test_migration_hook_runs_fleet_db_upgrade_before_install_and_upgrade() -> No
         assert int(support["metadata"]["annotations"]["helm.sh/hook-weight"]) < job_weight
     # The migration gets the database and nothing else: no Redis, no LM key, no API token.
     assert set(env_of(container(job))) == {"FLEET_CONFIG", "FLEET_PROFILE", "FLEET_DATABASE_URL", "HOME"}
+
+
+def test_migration_runs_as_the_release_identity() -> None:
+    """The hook's ServiceAccount carries serviceAccount.annotations (IRSA, Workload Identity,
+    e.g. for an IAM-authenticated database); without create, the Job runs as the named one."""
+    irsa = {"serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn": "arn:aws:iam::1:role/fleet"}
+    account = find(render(MINIMAL, settings=irsa), "ServiceAccount", "migrate")
+    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == "arn:aws:iam::1:role/fleet"
+    assert hook_of(account) == "pre-install,pre-upgrade"
+    named = render(MINIMAL, settings={"serviceAccount.create": False, "serviceAccount.name": "fleet-irsa"})
+    assert pod_spec(find(named, "Job", "migrate"))["serviceAccountName"] == "fleet-irsa"
+    assert "ServiceAccount" not in kinds(named)
 
 
 def test_dev_postgresql_migrates_from_a_plain_job_that_waits_for_it() -> None:
@@ -157,9 +189,11 @@ def test_grace_periods_exceed_the_drain(profile_values: Any, drain: int) -> None
 
 
 def test_grace_period_values_that_cut_the_drain_are_refused() -> None:
-    error = render_error(KEDA, settings={"worker.terminationGracePeriodSeconds": 65})
-    assert "must exceed the profile's worker.drain_seconds (60) + 10 s" in error
-    assert grace(render(KEDA, settings={"worker.terminationGracePeriodSeconds": 71}), "worker") == 71
+    """After the drain a worker settles, closes its pools and kills its sandboxes (up to
+    SANDBOX_CLOSE_SECONDS, 30): the grace must leave it drain_seconds + 45."""
+    error = render_error(KEDA, settings={"worker.terminationGracePeriodSeconds": 104})
+    assert "must be at least the profile's worker.drain_seconds (60) + 45 s" in error
+    assert grace(render(KEDA, settings={"worker.terminationGracePeriodSeconds": 105}), "worker") == 105
     error = render_error(MINIMAL, settings={"gateway.terminationGracePeriodSeconds": 10})
     assert (
         "must exceed gateway.preStopSleepSeconds (5) + the profile's gateway.shutdown_grace_seconds (5)"
@@ -224,6 +258,57 @@ def test_credentials_go_only_where_they_are_used() -> None:
     assert worker["FLEET_LM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "fleet-lm", "key": "api-key"}
     assert worker["FLEET_PROFILE"]["value"] == gateway["FLEET_PROFILE"]["value"] == "daytona-recursive"
     assert worker["FLEET_CONFIG"]["value"] == "/etc/fleet/fleet.toml"
+
+
+def test_pods_with_an_fs_group_skip_the_recursive_chown() -> None:
+    for values in (MINIMAL, DEV, values_file("privileged")):
+        for workload in workloads(render(values)):
+            context = pod_spec(workload)["securityContext"]
+            if "fsGroup" in context:
+                assert context["fsGroupChangePolicy"] == "OnRootMismatch", workload["metadata"]["name"]
+
+
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
+def egress_ports(policy: Manifest) -> set[int]:
+    return {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
+
+
+def test_network_policy_admits_the_scraper_to_gateways_and_workers() -> None:
+    """Prometheus reaches the gateway's /metrics even when gatewayFrom admits only the ingress
+    controller; by default the scraper is the monitoring namespace, not every namespace."""
+    for values in (MINIMAL, KEDA):
+        manifests = render(values)
+        gateway_rules = find(manifests, "NetworkPolicy", "gateway")["spec"]["ingress"]
+        assert {"ports": [{"port": 8000, "protocol": "TCP"}], "from": [MONITORING]} in gateway_rules
+        (scrape,) = find(manifests, "NetworkPolicy", "worker")["spec"]["ingress"]
+        assert scrape["from"] == [MONITORING]
+
+
+def test_network_policy_s3_egress_and_extra_rules_by_component() -> None:
+    s3 = (
+        '[config]\ndefault_profile = "p"\n[profiles.p.llm.root]\nmodel = "scripted/x"\n'
+        '[profiles.p.storage.blobs]\nbackend = "s3"\n'
+    )
+    manifests = render(
+        MINIMAL,
+        settings={"config.fleetToml": s3, "config.profile": "p", "networkPolicy.egress.s3.ports[0]": 9000},
+    )
+    for component in ("gateway", "worker", "doctor"):
+        assert 9000 in egress_ports(find(manifests, "NetworkPolicy", component)), component
+    assert 9000 not in egress_ports(find(manifests, "NetworkPolicy", "migrate"))
+    assert 9000 not in egress_ports(
+        find(render(MINIMAL, settings={"networkPolicy.egress.s3.ports[0]": 9000}), "NetworkPolicy", "gateway")
+    )
+
+    keda = render(KEDA)  # extra: an LM on port 4000
+    assert 4000 in egress_ports(find(keda, "NetworkPolicy", "worker"))
+    assert 4000 in egress_ports(find(keda, "NetworkPolicy", "doctor"))
+    assert 4000 not in egress_ports(find(keda, "NetworkPolicy", "gateway"))
+    assert 4000 not in egress_ports(find(keda, "NetworkPolicy", "migrate"))
+    widened = render(KEDA, settings={"networkPolicy.egress.extraComponents": "{worker,gateway}"})
+    assert 4000 in egress_ports(find(widened, "NetworkPolicy", "gateway"))
 
 
 def test_network_policy() -> None:

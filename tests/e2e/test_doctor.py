@@ -167,6 +167,26 @@ def test_a_dead_redis_fails_fast_without_its_password(head_db: str) -> None:
     assert REDIS_PASSWORD not in printed
 
 
+QUERY_PASSWORD = "qpw-doctor-e2e-must-not-print"
+
+
+def test_passwords_given_as_query_parameters_are_never_printed() -> None:
+    """libpq/asyncpg and redis-py both take `?password=`: neither the JSON nor the table shows it."""
+    env = doctor_env(
+        f"redis://127.0.0.1:{free_port()}/0?password={QUERY_PASSWORD}",
+        f"postgresql+asyncpg://fleet@127.0.0.1:{free_port()}/fleet?password={QUERY_PASSWORD}",
+    )
+    code, document, printed, _ = run_doctor(env)
+    table = subprocess.run(fleet("doctor"), env=env, capture_output=True, text=True, timeout=90, check=False)
+    assert code == 1 and table.returncode == 1, printed
+    checks = by_name(document)
+    assert checks["database"]["status"] == "fail" and checks["redis"]["status"] == "fail"
+    assert "/fleet?password=*** is unreachable" in checks["database"]["detail"], checks["database"]
+    assert "/0?password=*** is unreachable" in checks["redis"]["detail"], checks["redis"]
+    assert "?password=***" in table.stdout
+    assert QUERY_PASSWORD not in printed + table.stdout + table.stderr
+
+
 def test_a_redis_that_never_answers_fails_at_its_deadline(head_db: str) -> None:
     """A port that accepts connections and never replies: the PING is bounded."""
     with socket.socket() as silent:
@@ -246,3 +266,90 @@ def test_without_bwrap_the_sandbox_fails_unless_unisolated_is_allowed(
         assert checks["sandbox.cell"]["status"] == "fail"
         assert "bubblewrap (bwrap) was not found" in checks["sandbox.cell"]["detail"]
         assert "apt-get install bubblewrap" in checks["sandbox.cell"]["fix"]
+
+
+# --- cgroups: the doctor reads them, never changes them
+
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+
+
+def own_v1_cgroups() -> dict[str, Path]:
+    """This process's cgroup directory per v1 controller (empty unless all three are v1)."""
+    found = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _id, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            directory = Path("/sys/fs/cgroup") / controller / path.lstrip("/")
+            if controller in V1_CONTROLLERS and directory.is_dir():
+                found[controller] = directory
+    return found if len(found) == len(V1_CONTROLLERS) else {}
+
+
+@pytest.fixture
+def test_cgroups() -> Iterator[list[Path]]:
+    """A fresh cgroup per v1 controller for one doctor to run in, so what it does (or would do)
+    to its own cgroup shows there, whatever workers elsewhere on this machine do to theirs."""
+    own = own_v1_cgroups()
+    if os.geteuid() != 0 or not own:
+        pytest.skip("needs root on cgroup v1 (memory, pids and cpu hierarchies)")
+    name = f"fleet-doctor-test-{os.getpid()}-{time.monotonic_ns()}"
+    dirs = [own[controller] / name for controller in V1_CONTROLLERS]
+    for directory in dirs:
+        directory.mkdir()
+    yield dirs
+    deadline = time.monotonic() + 10  # the kernel lets go of a cgroup a moment after its last process
+    for directory in dirs:
+        for path in [*sorted((p for p in directory.rglob("*") if p.is_dir()), reverse=True), directory]:
+            while path.exists():
+                try:
+                    path.rmdir()
+                except OSError:
+                    assert time.monotonic() < deadline, f"{path} is still busy"
+                    time.sleep(0.05)  # a poll interval, under the deadline above
+
+
+def tree(dirs: list[Path]) -> set[str]:
+    return {str(path) for directory in dirs for path in directory.rglob("*") if path.is_dir()}
+
+
+def doctor_in(dirs: list[Path], env: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """`fleet doctor --json` as a process of the cgroups `dirs` (joined before it execs)."""
+    procs = [str(directory / "cgroup.procs") for directory in dirs]
+    wrapper = ["sh", "-c", 'for f in $PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"', "sh"]
+    done = subprocess.run(
+        [*wrapper, *fleet("doctor", "--json")],
+        env={**env, "PROCS": " ".join(procs)},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    return by_name(json.loads(done.stdout)), done.stdout + done.stderr
+
+
+def test_the_doctor_sets_up_no_cgroups(redis_url: str, head_db: str, test_cgroups: list[Path]) -> None:
+    """No worker prepared this cgroup: the doctor creates nothing there, and its cell runs without
+    cgroup limits (saying so)."""
+    before = tree(test_cgroups)
+    checks, printed = doctor_in(test_cgroups, doctor_env(redis_url, head_db))
+    assert tree(test_cgroups) == before == set(), printed
+    assert checks["sandbox.cgroups"]["status"] == "ok", checks["sandbox.cgroups"]
+    assert "limits were not exercised" in checks["sandbox.cgroups"]["detail"]
+    assert checks["sandbox.cell"]["status"] == "ok", checks["sandbox.cell"]
+    assert "cgroup limits not exercised" in checks["sandbox.cell"]["detail"]
+
+
+def test_the_doctor_never_sweeps_a_live_workers_repl_groups(
+    redis_url: str, head_db: str, test_cgroups: list[Path]
+) -> None:
+    """A worker set this cgroup up, and one of its REPLs' groups is still empty (its REPL is
+    starting): the doctor's cell runs under the limits, and leaves the tree as it found it."""
+    for directory in test_cgroups:
+        (directory / "fleet-sandboxes" / "repl-starting").mkdir(parents=True)
+    before = tree(test_cgroups)
+    checks, printed = doctor_in(test_cgroups, doctor_env(redis_url, head_db))
+    assert tree(test_cgroups) == before, printed
+    assert checks["sandbox.cell"]["status"] == "ok", checks["sandbox.cell"]
+    assert "cgroup-v1 sandbox" in checks["sandbox.cell"]["detail"]
+    assert "the cell below ran under them" in checks["sandbox.cgroups"]["detail"]

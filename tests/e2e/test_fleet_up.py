@@ -89,7 +89,11 @@ def test_fleet_up_serves_a_turn_and_stops_cleanly(
     proc = spawn_up(newcomer_dir, env, port)
     try:
         banner = wait_for_banner(proc, timeout=60)
-        assert f"http://127.0.0.1:{port}" in banner and "profile: offline" in banner
+        assert banner.startswith(f"fleet is up: http://127.0.0.1:{port}\n"), banner
+        assert "  profile offline" in banner
+        assert "scripted/demo  (scripted: replays demo.jsonl, not a model)" in banner
+        assert f"uv run fleet cli --api-url http://127.0.0.1:{port}" in banner
+        assert "\x1b[" not in banner  # no colour codes into a pipe
         tree = descendants(proc.pid)
         redis_names = {
             (Path("/proc") / str(pid) / "comm").read_text().strip() for pid in tree if pid_alive(pid)
@@ -152,10 +156,13 @@ def wait_for_banner(proc: subprocess.Popen[bytes], timeout: float) -> str:
         chunk = proc.stdout.read()
         if chunk:
             seen += chunk
-            for line in seen.decode(errors="replace").splitlines():
-                if line.startswith("fleet is up:"):
-                    os.set_blocking(proc.stdout.fileno(), True)
-                    return line
+            text = seen.decode(errors="replace")
+            start = text.find("fleet is up:")
+            # The banner block ends with its `stop` row: return the whole block.
+            if start >= 0 and "\n  stop" in text[start:]:
+                os.set_blocking(proc.stdout.fileno(), True)
+                block = text[start:]
+                return block[: block.index("\n", block.index("\n  stop") + 1)]
         if proc.poll() is not None:
             break
         time.sleep(0.1)
@@ -215,3 +222,42 @@ def test_db_check_and_upgrade(tmp_path: Path) -> None:
     assert fleet_db("upgrade").returncode == 0
     assert fleet_db("check").returncode == 0
     assert fleet_db("upgrade").returncode == 0  # idempotent
+
+
+LIVE_SCRIPT = "\n".join(
+    [
+        '{"lm": "root", "reasoning": "first step", "code": "print(1)"}',
+        '{"lm": "root", "delay_s": 4, "reasoning": "after a pause", "code": "print(2)"}',
+        '{"lm": "root", "reasoning": "done", "code": "SUBMIT(answer=\'live\')"}',
+    ]
+)
+
+
+def test_fleet_up_streams_each_event_as_it_happens(newcomer_dir: Path) -> None:
+    """Found by the terminal client: on `fleet up` (a Redis on a unix socket) the gateway's
+    pub/sub fan-out died at start, so frames came only with the heartbeat's poll of the log, all
+    at once. The first step's frames must arrive while the slow second step is still running."""
+    script = newcomer_dir / "live.jsonl"
+    script.write_text(LIVE_SCRIPT + "\n")
+    port = free_port()
+    proc = spawn_up(newcomer_dir, newcomer_env(FLEET_SCRIPTED_LM=str(script)), port)
+    try:
+        wait_for_banner(proc, timeout=60)
+        arrivals: dict[str, float] = {}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            session_id = client.post("/api/sessions", json={}).json()["id"]
+            headers = {"Idempotency-Key": "live-1"}
+            with client.stream(
+                "POST", f"/api/sessions/{session_id}/turns", json={"text": "hi"}, headers=headers
+            ) as response:
+                for line in response.iter_lines():
+                    if '"delta":"first step"' in line:
+                        arrivals.setdefault("first", time.monotonic())
+                    if line == "data: [DONE]":
+                        arrivals["done"] = time.monotonic()
+                        break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=40)
+    assert set(arrivals) == {"first", "done"}, arrivals
+    assert arrivals["done"] - arrivals["first"] > 2.5, arrivals

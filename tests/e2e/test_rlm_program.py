@@ -134,7 +134,7 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
         )
         try:
             banner = wait_for_banner(proc, timeout=60)
-            assert "profile: local" in banner
+            assert "  profile local" in banner
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
                 stream = post_turn(client, new_session(client), "how many words here", "k-1")
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,3 +189,35 @@ def test_readiness_probes_do_not_scan_the_keyspace_each_time(database_url: str, 
         for _ in range(5):
             assert "sandbox" in client.get("/ready").json()["details"]
         assert scans() == before
+
+
+def test_a_scan_slower_than_the_probe_deadline_still_serves_later_probes(
+    database_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in review: the cache was written only when the SCAN beat the probe's deadline, so on
+    a keyspace too big for it every probe started the walk again."""
+    import redis as sync_redis
+
+    from fleet_gateway.routes import health
+
+    def scans() -> int:
+        client = sync_redis.Redis.from_url(redis_url)
+        try:
+            return int(client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+        finally:
+            client.close()
+
+    # A deadline no SCAN can meet stands in for a keyspace of millions of keys. A database of its
+    # own keeps the walk to one SCAN call, so calls count walks.
+    monkeypatch.setattr(health, "CHECK_TIMEOUT_SECONDS", 0.000001)
+    redis_url = redis_url.rsplit("/", 1)[0] + "/11"
+    with TestClient(create_app(settings_for(database_url, redis_url))) as client:
+        before = scans()
+        first = client.get("/ready").json()["details"]["sandbox"]
+        assert first == "timed out"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and scans() == before:
+            time.sleep(0.05)
+        later = [client.get("/ready").json()["details"]["sandbox"] for _ in range(5)]
+        assert scans() - before == 1
+    assert all(detail.startswith("unknown: no worker") for detail in later), later

@@ -1,9 +1,11 @@
 """GET /metrics: Prometheus text with requests labelled by route template (bounded cardinality),
-the gauge of open Turn streams, the arq queue's depth (read from Redis at each scrape, and left
-out when Redis hangs), cancellations by stage and the sweeper's actions."""
+the gauge of open Turn streams, the arq queue's Turns waiting and in progress (one evaluation
+shared by concurrent scrapes, left out when Redis hangs), cancellations by stage and the
+sweeper's actions."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import time
@@ -13,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import msgspec
 import pytest
 import redis.asyncio as aioredis
@@ -28,10 +31,12 @@ from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import queries
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.metrics import (
+    QUEUE_COUNTS_MAX_AGE_SECONDS,
     QUEUE_DEPTH_TIMEOUT_SECONDS,
+    QueueCounts,
     queue_depth_client,
-    read_queue_depth,
-    read_queue_depth_sync,
+    read_queue_counts,
+    read_queue_counts_sync,
 )
 from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, RUN_TURN, deserialize_job, serialize_job
 from tests.integration.harness import Harness
@@ -139,27 +144,71 @@ def queue_of(settings: Settings) -> ArqRedis:
     )
 
 
+def queue_counts(client: TestClient, queue: str) -> QueueCounts:  # type: ignore[type-arg]
+    waiting = count(samples(client, "fleet_queue_depth"), queue=queue)
+    return QueueCounts(int(waiting), int(count(samples(client, "fleet_queue_in_progress"), queue=queue)))
+
+
+def counts_become(client: TestClient, queue: str, expected: QueueCounts) -> None:  # type: ignore[type-arg]
+    """Scrape until the counts are `expected`: a scrape may see a read up to the cache's age."""
+    deadline = time.monotonic() + QUEUE_COUNTS_MAX_AGE_SECONDS + 5
+    while (seen := queue_counts(client, queue)) != expected:
+        assert time.monotonic() < deadline, f"{seen} never became {expected}"
+        time.sleep(0.1)
+
+
 async def test_the_queue_depth_is_the_number_of_waiting_jobs(
     client: TestClient,  # type: ignore[type-arg]
     settings: Settings,
 ) -> None:
     queue = settings.profile.worker.queue_name
-    assert count(samples(client, "fleet_queue_depth"), queue=queue) == 0
+    assert queue_counts(client, queue) == QueueCounts(waiting=0, in_progress=0)
     arq = queue_of(settings)
     try:
         for n in range(3):
             assert await arq.enqueue_job(RUN_TURN, f"run-{n}", _job_id=f"{queue}-{n}") is not None
-        assert count(samples(client, "fleet_queue_depth"), queue=queue) == 3
-        # A job a worker has started (arq's in-progress key) and one the gateway cancelled while it
-        # was queued (arq's abort set) are in the queue's ZSET, but no longer wait.
+        counts_become(client, queue, QueueCounts(waiting=3, in_progress=0))
+        # A job a worker has started (arq's in-progress key) is in progress, and one the gateway
+        # cancelled while it was queued (arq's abort set) neither waits nor runs.
         await arq.set(ARQ_IN_PROGRESS_PREFIX + f"{queue}-0", b"1", ex=60)
         await arq.zadd("arq:abort", {f"{queue}-1": time.time() * 1000})
-        assert count(samples(client, "fleet_queue_depth"), queue=queue) == 1
+        counts_become(client, queue, QueueCounts(waiting=1, in_progress=1))
         await arq.delete(queue, ARQ_IN_PROGRESS_PREFIX + f"{queue}-0")
         await arq.zrem("arq:abort", f"{queue}-1")
-        assert count(samples(client, "fleet_queue_depth"), queue=queue) == 0
+        counts_become(client, queue, QueueCounts(waiting=0, in_progress=0))
     finally:
         await arq.aclose()
+
+
+async def script_runs(redis_url: str) -> int:
+    """EVAL and EVALSHA calls the test Redis has served so far (its INFO commandstats)."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("eval", "evalsha"))
+
+
+async def test_concurrent_scrapes_share_one_evaluation(settings: Settings, redis_url: str) -> None:
+    scrapes, jobs = 8, 50_000  # a long queue: the script runs for tens of ms, the scrapes overlap
+    queue = settings.profile.worker.queue_name
+    redis = aioredis.Redis.from_url(redis_url)
+    await redis.zadd(queue, {f"job-{n}": n for n in range(jobs)})
+    try:
+        app = create_app(settings)
+        # The app on this test's own loop (TestClient's transports serve one request at a time).
+        transport = httpx.ASGITransport(app=app)
+        async with app.lifespan(), httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            before = await script_runs(redis_url)
+            responses = await asyncio.gather(*(client.get("/metrics") for _ in range(scrapes)))
+            assert all(f'fleet_queue_depth{{queue="{queue}"}} {jobs}.0' in r.text for r in responses)
+            assert await script_runs(redis_url) - before == 1
+            assert (await client.get("/metrics")).status_code == 200  # still fresh: no new evaluation
+            assert await script_runs(redis_url) - before == 1
+    finally:
+        await redis.delete(queue)
+        await redis.aclose()
 
 
 @pytest.fixture
@@ -176,13 +225,13 @@ async def test_a_hung_redis_leaves_the_depth_out_quickly(hung_redis_url: str) ->
     client = aioredis.Redis.from_url(hung_redis_url)
     try:
         started = time.monotonic()
-        assert await read_queue_depth(client, "fleet:queue") is None
+        assert await read_queue_counts(client, "fleet:queue") is None
         assert time.monotonic() - started < bound
     finally:
         await client.aclose()
     blocking = queue_depth_client(hung_redis_url)
     started = time.monotonic()
-    assert read_queue_depth_sync(blocking, "fleet:queue") is None
+    assert read_queue_counts_sync(blocking, "fleet:queue") is None
     assert time.monotonic() - started < bound
     blocking.close()
 

@@ -1,9 +1,11 @@
 """The worker's /health on a real socket: 200 while its event loop beats, 503 once the loop is
-stuck, and probes that neither idle clients nor a taken port can break."""
+stuck, and probes that neither idle clients, slow clients (slowloris) nor a taken port can
+break."""
 
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import threading
 import time
@@ -13,7 +15,14 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from fleet_worker.metrics_http import MAX_CONNECTIONS, Heartbeat, MetricsServer
+from fleet_worker.metrics_http import (
+    HEALTH_LANE_DEADLINE_SECONDS,
+    HEALTH_LANE_SLOTS,
+    MAX_CONNECTIONS,
+    Heartbeat,
+    MetricsServer,
+    QuietHandler,
+)
 
 BEAT_SECONDS = 0.05
 STALE_SECONDS = 0.5
@@ -101,12 +110,85 @@ def test_idle_clients_do_not_hold_the_probes_up(served: tuple[str, BeatingLoop])
         started = time.monotonic()
         assert status(f"{url}/health") == 200  # a free slot: answered at once
         assert time.monotonic() - started < 2
-        idle.append(socket.create_connection(("127.0.0.1", port)))  # every slot taken now
-        eventually(lambda: refused(url))  # one more is closed at once, never queued
+        idle += [socket.create_connection(("127.0.0.1", port)) for _ in range(1 + HEALTH_LANE_SLOTS)]
+        eventually(lambda: refused(url))  # every slot and the /health lane taken: closed at once
+        # The /health lane cuts its idle clients off quickly: the probe answers again while the
+        # ordinary slots are still held.
+        eventually(lambda: answers(f"{url}/health"), timeout=HEALTH_LANE_DEADLINE_SECONDS + 3)
     finally:
         for connection in idle:
             connection.close()
     eventually(lambda: status(f"{url}/health") == 200)
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+class SlowClient:
+    """A slowloris: a request line, then a header byte every `every` seconds, never finishing;
+    `cut_off` is set once the server closed the connection."""
+
+    def __init__(self, port: int, every: float = 0.2) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+        self.every = every
+        self.cut_off = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.trickle, daemon=True)
+        self.thread.start()
+
+    def trickle(self) -> None:
+        while not self.stop.is_set():
+            readable, _, _ = select.select([self.sock], [], [], self.every)
+            try:
+                if readable and not self.sock.recv(1024):
+                    break  # the server closed it
+                self.sock.send(b"x")
+            except OSError:
+                break
+        self.cut_off.set()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
+def test_slow_clients_cannot_starve_health(served: tuple[str, BeatingLoop]) -> None:
+    url, _ = served
+    slow = [SlowClient(int(url.rsplit(":", 1)[1])) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for _ in range(3):  # every ordinary slot is held by a slow client, and stays held
+            started = time.monotonic()
+            assert status(f"{url}/health") == 200  # the /health lane
+            assert time.monotonic() - started < 2
+        assert status(f"{url}/metrics") == 503  # the lane serves /health only
+        assert not any(client.cut_off.is_set() for client in slow)
+    finally:
+        for client in slow:
+            client.close()
+
+
+def test_a_trickling_client_is_cut_off_at_the_deadline(
+    served: tuple[str, BeatingLoop], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = served
+    deadline = 1.5
+    monkeypatch.setattr(QuietHandler, "deadline", deadline)  # read as each connection starts
+    slow = [SlowClient(int(url.rsplit(":", 1)[1])) for _ in range(MAX_CONNECTIONS)]
+    try:
+        started = time.monotonic()
+        for client in slow:  # each read is quick, but the total is bounded
+            assert client.cut_off.wait(timeout=deadline + 5)
+        assert time.monotonic() - started >= deadline - 0.5
+        assert status(f"{url}/metrics") == 200  # the slots are free again
+    finally:
+        for client in slow:
+            client.close()
 
 
 def refused(url: str) -> bool:

@@ -1,19 +1,24 @@
 """The worker's metrics port after a real Turn (real arq worker in burst mode, real Redis, real
 bwrap sandbox, the scripted LM): time in queue, the queue's depth rising and falling, the Turn's
-outcome and duration, the sandbox lease, and LM calls and tokens by model and role."""
+outcome and duration, the sandbox lease, and LM calls and tokens by model and role; concurrent
+scrapes share one evaluation of the queue's counting script."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
 
-from fleet_shared.metrics import queue_depth_in
+from fleet_shared.metrics import QUEUE_COUNTS_MAX_AGE_SECONDS, queue_counts_in
 from fleet_worker.metrics_http import Heartbeat, MetricsServer
 from tests.integration.harness import Harness
 
@@ -39,6 +44,15 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def depth_becomes(url: str, queue: str, expected: float) -> Samples:
+    """Scrape until the depth is `expected`: a scrape may see a read up to the cache's age."""
+    deadline = time.monotonic() + QUEUE_COUNTS_MAX_AGE_SECONDS + 5
+    while value(found := scrape(url), "fleet_queue_depth", queue=queue) != expected:
+        assert time.monotonic() < deadline, f"the depth never became {expected}"
+        time.sleep(0.1)
+    return found
+
+
 @pytest.fixture
 def serve_metrics() -> Iterator[Any]:
     """Start the worker's metrics port (as `fleet worker` does) for a harness's settings."""
@@ -47,7 +61,7 @@ def serve_metrics() -> Iterator[Any]:
         def serve(harness: Harness) -> str:
             settings = harness.settings
             stack.enter_context(
-                queue_depth_in(REGISTRY, settings.profile.worker.queue_name, settings.redis_url)
+                queue_counts_in(REGISTRY, settings.profile.worker.queue_name, settings.redis_url)
             )
             server = MetricsServer.start("127.0.0.1", 0, REGISTRY, Heartbeat())
             assert server is not None
@@ -66,10 +80,11 @@ async def test_a_turn_shows_on_the_worker_metrics_port(harness_factory: Any, ser
     assert value(before, "fleet_queue_depth", queue=queue) == 0
 
     await harness.submit()
-    assert value(scrape(url), "fleet_queue_depth", queue=queue) == 1  # waiting, no worker yet
+    waiting = depth_becomes(url, queue, 1)  # waiting, no worker yet
+    assert value(waiting, "fleet_queue_in_progress", queue=queue) == 0
     await harness.work()
-    after = scrape(url)
-    assert value(after, "fleet_queue_depth", queue=queue) == 0  # taken and done
+    after = depth_becomes(url, queue, 0)  # taken and done
+    assert value(after, "fleet_queue_in_progress", queue=queue) == 0
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
@@ -101,3 +116,36 @@ async def test_a_failed_turn_is_counted_by_its_outcome(harness_factory: Any, ser
     ended = {key: count for key, count in after.items() if key[0] == "fleet_turns_total"}
     grown = [key for key, count in ended.items() if count > before.get(key, 0)]
     assert len(grown) == 1 and dict(grown[0][1])["outcome"] in ("failed", "timed_out"), grown
+
+
+def script_runs(redis_url: str) -> int:
+    """EVAL and EVALSHA calls the test Redis has served so far (its INFO commandstats)."""
+    with Redis.from_url(redis_url) as client:
+        stats: dict[str, dict[str, int]] = client.info("commandstats")  # type: ignore[assignment]
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("eval", "evalsha"))
+
+
+def test_concurrent_scrapes_share_one_evaluation(redis_url: str) -> None:
+    scrapes, jobs = 6, 50_000  # fewer scrapes than slots; a long queue, so that they overlap
+    queue = "fleet:test:scrapes"
+    registry = CollectorRegistry()
+    with Redis.from_url(redis_url) as redis, queue_counts_in(registry, queue, redis_url):
+        redis.zadd(queue, {f"job-{n}": n for n in range(jobs)})
+        server = MetricsServer.start("127.0.0.1", 0, registry, Heartbeat())
+        assert server is not None
+        try:
+            before = script_runs(redis_url)
+            together = threading.Barrier(scrapes)
+
+            def scrape_together(url: str) -> Samples:
+                together.wait(timeout=10)
+                return scrape(url)
+
+            with ThreadPoolExecutor(scrapes) as pool:
+                found = list(pool.map(scrape_together, [f"http://127.0.0.1:{server.port}"] * scrapes))
+            assert all(value(f, "fleet_queue_depth", queue=queue) == jobs for f in found)
+            assert all(("fleet_queue_in_progress", (("queue", queue),)) in f for f in found)
+            assert script_runs(redis_url) - before == 1
+        finally:
+            server.stop()
+            redis.delete(queue)

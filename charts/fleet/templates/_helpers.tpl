@@ -197,8 +197,8 @@ Every rule values.schema.json cannot express. Included by each workload template
 {{- fail (printf "profile %q runs cells in Daytona: set worker.sandbox.mode=daytona" $s.name) }}
 {{- end }}
 {{- $workerGrace := .Values.worker.terminationGracePeriodSeconds }}
-{{- if and (not (kindIs "invalid" $workerGrace)) (le (int $workerGrace) (add $s.drainSeconds 10 | int)) }}
-{{- fail (printf "worker.terminationGracePeriodSeconds (%d) must exceed the profile's worker.drain_seconds (%d) + 10 s to settle and release, or Turns are killed mid-drain" (int $workerGrace) (int $s.drainSeconds)) }}
+{{- if and (not (kindIs "invalid" $workerGrace)) (lt (int $workerGrace) (add $s.drainSeconds (include "fleet.workerSettleSeconds" .) | int)) }}
+{{- fail (printf "worker.terminationGracePeriodSeconds (%d) must be at least the profile's worker.drain_seconds (%d) + %s s (settling, closing pools, up to 30 s killing sandboxes), or the kubelet kills the worker before its sandboxes are released" (int $workerGrace) (int $s.drainSeconds) (include "fleet.workerSettleSeconds" .)) }}
 {{- end }}
 {{- $gatewayGrace := .Values.gateway.terminationGracePeriodSeconds }}
 {{- if and (not (kindIs "invalid" $gatewayGrace)) (le (int $gatewayGrace) (add .Values.gateway.preStopSleepSeconds $s.shutdownGraceSeconds | int)) }}
@@ -213,12 +213,40 @@ Every rule values.schema.json cannot express. Included by each workload template
 {{- if and .Values.keda.enabled (eq (int .Values.keda.minReplicas) 0) (eq .Values.gateway.readinessPath "/ready") }}
 {{- fail "keda.minReplicas=0 with gateway.readinessPath=/ready: /ready needs a worker heartbeat, so no gateway would be ready to queue the Turn that wakes a worker; use /health or minReplicas >= 1" }}
 {{- end }}
+{{- $workersFixed := not (or .Values.keda.enabled .Values.worker.autoscaling.enabled) }}
+{{- if and $workersFixed (eq (int .Values.worker.replicas) 0) (eq .Values.gateway.readinessPath "/ready") }}
+{{- fail "worker.replicas=0 with gateway.readinessPath=/ready: /ready needs a worker heartbeat, so no gateway would ever be ready; use /health or replicas >= 1" }}
+{{- end }}
+{{- range $scaler := list
+  (dict "name" "gateway.autoscaling" "on" .Values.gateway.autoscaling.enabled "min" .Values.gateway.autoscaling.minReplicas "max" .Values.gateway.autoscaling.maxReplicas)
+  (dict "name" "worker.autoscaling" "on" .Values.worker.autoscaling.enabled "min" .Values.worker.autoscaling.minReplicas "max" .Values.worker.autoscaling.maxReplicas)
+  (dict "name" "keda" "on" .Values.keda.enabled "min" .Values.keda.minReplicas "max" .Values.keda.maxReplicas) }}
+{{- if and $scaler.on (gt (int $scaler.min) (int $scaler.max)) }}
+{{- fail (printf "%s.minReplicas (%d) is above %s.maxReplicas (%d)" $scaler.name (int $scaler.min) $scaler.name (int $scaler.max)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Seconds a worker needs after its drain: settling the Turns it cancelled, closing its pools
+and killing its sandboxes (SANDBOX_CLOSE_SECONDS, 30, in fleet_worker/app.py), with a margin. */}}
+{{- define "fleet.workerSettleSeconds" -}}
+45
+{{- end }}
+
+{{/* Turns one worker runs at once: worker.concurrency, else the profile's. */}}
+{{- define "fleet.workerConcurrency" -}}
+{{- $s := include "fleet.settings" . | fromYaml }}
+{{- if kindIs "invalid" .Values.worker.concurrency }}
+{{- $s.concurrency }}
+{{- else }}
+{{- .Values.worker.concurrency }}
+{{- end }}
 {{- end }}
 
 {{- define "fleet.workerGraceSeconds" -}}
 {{- $s := include "fleet.settings" . | fromYaml }}
 {{- if kindIs "invalid" .Values.worker.terminationGracePeriodSeconds }}
-{{- add $s.drainSeconds 45 }}
+{{- add $s.drainSeconds (include "fleet.workerSettleSeconds" .) }}
 {{- else }}
 {{- .Values.worker.terminationGracePeriodSeconds }}
 {{- end }}
@@ -319,9 +347,11 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
+{{/* fsGroupChangePolicy: a large shared data volume is not chowned on every pod start. */}}
 {{- define "fleet.podSecurityContext" -}}
 runAsNonRoot: true
 {{ toYaml .Values.podSecurityContext }}
+fsGroupChangePolicy: OnRootMismatch
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
@@ -383,6 +413,7 @@ securityContext:
   runAsUser: 0
   runAsGroup: 0
   fsGroup: {{ .Values.podSecurityContext.fsGroup }}
+  fsGroupChangePolicy: OnRootMismatch
 {{- else }}
 securityContext:
   {{- include "fleet.podSecurityContext" . | nindent 2 }}

@@ -2,8 +2,8 @@
 prints a fix for each failure, and exits 1 if any check failed.
 
 Every check runs on a daemon thread with a deadline, so a dead or hung server costs a few seconds
-at most and the command never hangs. Output goes through `scrub`: no password, key or token the
-settings hold can reach it, whatever an error message says.
+at most and the command never hangs. Output goes through `scrub` (doctor_output): no password,
+key or token the settings hold can reach it, whatever an error message says.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import msgspec
 from redis.exceptions import AuthenticationError, RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
+from fleet_cli.doctor_output import render_json, render_text, scrub, secrets_of
 from fleet_shared.config import (
     DEFAULT_CONFIG_PATH,
     LMSection,
@@ -35,7 +35,7 @@ from fleet_shared.config import (
     redact_url,
 )
 from fleet_shared.db.engine import HEAD_REVISION, create_engine, current_revision, is_read_only, schema_state
-from fleet_shared.doctor import Check, CheckStatus, all_passed
+from fleet_shared.doctor import Check, all_passed
 from fleet_shared.errors import ConfigError
 from fleet_shared.logging import configure_logging
 from fleet_shared.redis_conn import connect
@@ -46,7 +46,6 @@ SANDBOX_SECONDS = 45.0  # two REPL starts and a cell, each bounded by the worker
 PROVIDER_SECONDS = 5.0
 MARGIN_SECONDS = 2.0  # on top of each check's own timeouts, before its thread is given up on
 LATER_CHECKS = ("database", "redis", "sandbox", "provider")
-MARKERS: dict[CheckStatus, str] = {"ok": "ok", "warn": "WARN", "skip": "skip", "fail": "FAIL"}
 
 
 def run_doctor(as_json: bool) -> int:
@@ -306,7 +305,7 @@ def models_status(lm: ResolvedLM, seconds: float) -> int:
         return exc.code
 
 
-# --- running, scrubbing and rendering
+# --- running
 
 
 @dataclass(frozen=True)
@@ -352,68 +351,3 @@ def error_line(exc: BaseException) -> str:
     inner = getattr(exc, "orig", None) or exc
     text = (str(inner).strip().splitlines() or [""])[0][:200]
     return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
-
-
-def secrets_of(settings: Settings) -> list[str]:
-    """Every secret value the settings hold: passwords in URLs, API keys, the API token."""
-    found = [
-        secret.reveal()
-        for secret in (
-            settings.root_lm.api_key,
-            settings.sub_lm.api_key,
-            settings.api_token,
-            settings.blobs.s3_access_key,
-            settings.blobs.s3_secret_key,
-        )
-        if secret is not None
-    ]
-    for url in (
-        settings.database_url,
-        settings.redis_url,
-        settings.root_lm.base_url,
-        settings.sub_lm.base_url,
-    ):
-        try:
-            password = urlsplit(url).password if url else None
-        except ValueError:
-            continue
-        if password:
-            found.append(password)
-    return [secret for secret in found if secret]
-
-
-def scrub(checks: list[Check], secrets: list[str]) -> list[Check]:
-    """The checks with URL passwords masked and any secret value replaced by ***."""
-
-    def clean(text: str) -> str:
-        text = redact_url(text)
-        for secret in sorted(secrets, key=len, reverse=True):
-            text = text.replace(secret, "***")
-        return text
-
-    return [
-        msgspec.structs.replace(
-            check, detail=clean(check.detail), fix=clean(check.fix) if check.fix else None
-        )
-        for check in checks
-    ]
-
-
-def render_text(checks: list[Check]) -> str:
-    """One line per check (marker, name, detail), its fix indented below it, then a summary."""
-    width = max(len(check.name) for check in checks)
-    lines = []
-    for check in checks:
-        lines.append(f"{MARKERS[check.status]:<4}  {check.name:<{width}}  {check.detail}")
-        if check.fix and check.status in ("fail", "warn"):
-            lines.append(f"{'':<4}  {'':<{width}}  fix: {check.fix}")
-    failed = sum(check.status == "fail" for check in checks)
-    warned = sum(check.status == "warn" for check in checks)
-    summary = f"{failed} check(s) failed" if failed else "no check failed"
-    lines.append(f"fleet doctor: {summary}, {warned} warning(s)")
-    return "\n".join(lines)
-
-
-def render_json(checks: list[Check]) -> str:
-    """One JSON document: {"ok": bool, "checks": [{name, status, detail, fix}, ...]}."""
-    return msgspec.json.encode({"ok": all_passed(checks), "checks": checks}).decode()

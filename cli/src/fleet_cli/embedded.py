@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -24,6 +25,7 @@ from typing import IO
 
 import redis
 
+from fleet_cli.banner import print_banner
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import migrate
 from fleet_shared.skills import seed_skills
@@ -53,6 +55,7 @@ class Stack:
     children: list[Child] = field(default_factory=list)
     redis: Child | None = None
     redis_argv: list[str] = field(default_factory=list)
+    redis_url: str = ""
     stopping: bool = False
     drain_seconds: float = 0.0
 
@@ -190,7 +193,18 @@ def wait_ready(url: str, stack: Stack) -> bool:
     return False
 
 
-def run_embedded(*, profile: str | None, host: str, port: int, workers: int) -> int:
+@dataclass
+class Embedded:
+    """A claimed data dir and a stack not started yet: what `fleet up` and `fleet cli` share."""
+
+    settings: Settings
+    data_dir: Path
+    stack: Stack
+    lock: IO[bytes]
+
+
+def prepare_embedded(profile: str | None, host: str, port: int) -> Embedded | int:
+    """Validate the config, claim `.fleet/` and the port; an exit code when that fails."""
     if profile:
         os.environ["FLEET_PROFILE"] = profile
     probe = dict(os.environ)
@@ -207,63 +221,97 @@ def run_embedded(*, profile: str | None, host: str, port: int, workers: int) -> 
     if not port_is_free(host, port):
         print(f"fleet: {host}:{port} is already in use; pick another with --port", file=sys.stderr)
         return 1
-    stack = Stack(drain_seconds=settings.profile.worker.drain_seconds)
+    return Embedded(settings, data_dir, Stack(drain_seconds=settings.profile.worker.drain_seconds), lock)
+
+
+def stop_on_signals(stack: Stack) -> None:
+    """Ctrl-C and SIGTERM ask the stack to stop (the loops that wait on it notice)."""
 
     def request_stop(_signum: int, _frame: FrameType | None) -> None:
         stack.stopping = True
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
+
+
+def run_embedded(*, profile: str | None, host: str, port: int, workers: int) -> int:
+    prepared = prepare_embedded(profile, host, port)
+    if isinstance(prepared, int):
+        return prepared
+    stack = prepared.stack
+    stop_on_signals(stack)
     try:
-        return supervise(stack, settings, data_dir, host=host, port=port, workers=workers)
+        url = start_stack(prepared, host=host, port=port, workers=workers)
+        if isinstance(url, int):
+            return url
+        print_banner(url, prepared.settings, sys.stdout)
+        return supervise(prepared)
     finally:
         stack.stop()
         print("fleet: stopped", file=sys.stderr)
 
 
-def supervise(stack: Stack, settings: Settings, data_dir: Path, *, host: str, port: int, workers: int) -> int:
+def start_stack(
+    embedded: Embedded, *, host: str, port: int, workers: int, logs: Path | None = None
+) -> str | int:
+    """Start Redis (unless given), migrate the embedded SQLite, start the gateway and workers and
+    wait for /ready: the URL, or an exit code. With `logs`, each process writes its own file
+    there instead of sharing this terminal."""
+    stack, settings, data_dir = embedded.stack, embedded.settings, embedded.data_dir
     env = dict(os.environ)
     env["FLEET_PROFILE"] = settings.profile_name
     env["FLEET_CONFIG"] = str(settings.config_path.resolve())
     if not os.environ.get("FLEET_REDIS_URL"):
         env["FLEET_REDIS_URL"] = start_private_redis(stack, data_dir)
-    redis_url = env["FLEET_REDIS_URL"]
+    stack.redis_url = env["FLEET_REDIS_URL"]
     if not os.environ.get("FLEET_DATABASE_URL"):
         env["FLEET_DATABASE_URL"] = settings.database_url
         migrate.upgrade(settings.database_url)  # the embedded SQLite only; never a given DB
         seed_skills(settings.database_url, settings.skills_dir)
         (data_dir / "fleet.db").chmod(0o600)
+    if logs is not None:
+        logs.mkdir(mode=0o700, exist_ok=True)
+
+    def log_of(name: str) -> Path | None:
+        return None if logs is None else logs / f"{name}.log"
+
     cli = [sys.executable, "-m", "fleet_cli"]
-    stack.children.append(stack.spawn("gateway", [*cli, "gateway", "--host", host, "--port", str(port)], env))
-    for _ in range(workers):
+    gateway = [*cli, "gateway", "--host", host, "--port", str(port)]
+    stack.children.append(stack.spawn("gateway", gateway, env, log=log_of("gateway")))
+    for number in range(1, workers + 1):
         # One host, several workers: a shared metrics port would go to whichever starts first.
-        stack.children.append(stack.spawn("worker", [*cli, "worker", "--metrics-port", "0"], env))
+        worker = [*cli, "worker", "--metrics-port", "0"]
+        stack.children.append(stack.spawn("worker", worker, env, log=log_of(f"worker-{number}")))
     url = f"http://{host}:{port}"
     if not wait_ready(url, stack):
         if stack.stopping:
             return 130
-        print("fleet: the stack did not become ready; see the log lines above", file=sys.stderr)
+        where = f"see {logs}" if logs is not None else "see the log lines above"
+        print(f"fleet: the stack did not become ready; {where}", file=sys.stderr)
         return 1
-    print(
-        f"fleet is up: {url}  (profile: {settings.profile_name}, LM: {settings.root_lm.name})",
-        flush=True,
-    )
-    print("fleet: press Ctrl-C to stop", flush=True)
+    return url
+
+
+def supervise(embedded: Embedded) -> int:
+    """Until asked to stop: end everything when a process exits, and restart the private Redis."""
+    stack, data_dir = embedded.stack, embedded.data_dir
     while not stack.stopping:
-        for child in stack.children:
-            if not child.alive():
-                print(
-                    f"fleet: {child.name} exited with {child.process.returncode}; stopping",
-                    file=sys.stderr,
-                )
-                return 1
-        if stack.redis is not None and not stack.redis.alive():
-            # The gateway and workers ride out a short outage: bring the private Redis back.
-            print(
-                f"fleet: the private Redis exited with {stack.redis.process.returncode}; restarting it",
-                file=sys.stderr,
-            )
-            stack.redis = stack.spawn("redis", stack.redis_argv, dict(os.environ), log=data_dir / "redis.log")
-            wait_for_redis(stack, redis_url, data_dir)
+        failed = stack_failure(stack, data_dir, lambda line: print(f"fleet: {line}", file=sys.stderr))
+        if failed is not None:
+            print(f"fleet: {failed}; stopping", file=sys.stderr)
+            return 1
         time.sleep(0.2)
     return 0
+
+
+def stack_failure(stack: Stack, data_dir: Path, note: Callable[[str], None]) -> str | None:
+    """What ended, or None; a dead private Redis is restarted here (the gateway and workers ride
+    out a short outage), and `note` is told."""
+    for child in stack.children:
+        if not child.alive():
+            return f"{child.name} exited with {child.process.returncode}"
+    if stack.redis is not None and not stack.redis.alive():
+        note(f"the private Redis exited with {stack.redis.process.returncode}; restarting it")
+        stack.redis = stack.spawn("redis", stack.redis_argv, dict(os.environ), log=data_dir / "redis.log")
+        wait_for_redis(stack, stack.redis_url, data_dir)
+    return None

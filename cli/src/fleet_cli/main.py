@@ -1,4 +1,4 @@
-"""`fleet`: the process commands (up, gateway, worker, db, daytona, doctor). Each loads the config once."""
+"""`fleet`: the process commands (up, cli, gateway, worker, db, daytona, doctor)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import ipaddress
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from redis.exceptions import RedisError
 
 from fleet_cli.sides import refuse_without
 from fleet_shared.config import Settings, config_summary, load_settings
+from fleet_shared.config_file import BIND_HOST_PATTERN
 from fleet_shared.errors import ConfigError
 from fleet_shared.logging import configure_logging
 
@@ -35,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--workers", type=int, default=1, help="worker processes")
+
+    cli = commands.add_parser(
+        "cli", help="the terminal client, on the embedded stack (or on a running gateway with --api-url)"
+    )
+    cli.add_argument("--profile", help="config profile for the embedded stack")
+    cli.add_argument("--host", default="127.0.0.1")
+    cli.add_argument("--port", type=int, default=8000)
+    cli.add_argument("--api-url", help="use this running gateway instead of starting a stack")
+    cli.add_argument("--session", help="continue this session")
 
     gateway = commands.add_parser("gateway", help="serve the HTTP gateway with Granian")
     gateway.add_argument("--host", default="127.0.0.1")
@@ -98,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 # on any install.
 COMMAND_SIDES = {
     "up": ("gateway", "worker", "embedded"),
+    "cli": ("gateway", "worker", "embedded"),
     "gateway": ("gateway",),
     "worker": ("worker",),
     "daytona": ("worker",),
@@ -115,6 +127,12 @@ def dispatch(args: argparse.Namespace) -> int:
         from fleet_cli.embedded import run_embedded
 
         return run_embedded(profile=args.profile, host=args.host, port=args.port, workers=args.workers)
+    if args.command == "cli":
+        from fleet_cli.client import run_cli
+
+        return run_cli(
+            profile=args.profile, host=args.host, port=args.port, api_url=args.api_url, session=args.session
+        )
     if args.command == "gateway":
         return run_gateway(
             args.host, args.port, args.workers, args.allow_non_loopback_bind, args.allow_unauthenticated
@@ -207,6 +225,12 @@ def run_worker(
 ) -> int:
     from fleet_worker.metrics_http import serving_metrics, with_metrics_address
 
+    if metrics_host is not None and not re.match(BIND_HOST_PATTERN, metrics_host):
+        print(
+            f"fleet: --metrics-host {metrics_host!r} is not an address (blank binds every interface)",
+            file=sys.stderr,
+        )
+        return 2
     settings = load_settings()
     if concurrency is not None:
         settings = with_concurrency(settings, concurrency)

@@ -89,6 +89,7 @@ def create_app(settings: Settings) -> Litestar:
                 blobs=open_blob_store(settings),
             )
             holder["state"] = state
+            stack.push_async_callback(bounded, "gateway.background", state.stop_background)
             # Gateways sweep for lost Runs too, so a Run is recovered even when no worker is alive.
             await stack.enter_async_context(sweeping(make_sweeper(state)))
             yield

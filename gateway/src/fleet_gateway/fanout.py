@@ -73,11 +73,15 @@ class EventFanout:
         while True:
             try:
                 await self.listen_once()
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # any failure: log it and listen again, never die
+                # Not only Redis errors: a client that cannot even connect (a TypeError once)
+                # must not end the fan-out silently and leave streams on the heartbeat poll.
                 if self.connected.is_set():
                     delay = MIN_RETRY_SECONDS  # it was up: start the back-off again
                 self.connected.clear()
-                log.warning("fanout.disconnected", error=str(exc), retry_in=delay)
+                log.warning(
+                    "fanout.disconnected", error_type=type(exc).__name__, error=str(exc), retry_in=delay
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY_SECONDS)
 

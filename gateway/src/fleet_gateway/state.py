@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass
 
 from arq.connections import ArqRedis
@@ -27,8 +29,17 @@ class GatewayState:
     process_id: str
     probe: Redis  # no retries: readiness reports an outage at once instead of riding it out
     blobs: BlobStore  # attachment and artifact bytes
-    # /ready's sandbox detail (monotonic expiry, text): it SCANs the keyspace, so probes reuse it.
+    # /ready's sandbox detail (monotonic expiry, text) and the one task refreshing it: finding it
+    # SCANs the keyspace, so probes read the last answer and at most one SCAN runs at a time.
     sandbox_modes_cache: tuple[float, str] | None = None
+    sandbox_modes_refresh: asyncio.Task[str] | None = None
+
+    async def stop_background(self) -> None:
+        task = self.sandbox_modes_refresh
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     @property
     def stream_deps(self) -> StreamDeps:

@@ -34,8 +34,10 @@ from fleet_shared.config_file import (
     WorkerSection,
 )
 from fleet_shared.errors import ConfigError
+from fleet_shared.redaction import has_credentials, redact_url
 
-# The file's schema lives in config_file; it is re-exported here, where callers import it from.
+# The file's schema lives in config_file, URL redaction in redaction; both are re-exported here,
+# where callers import them from.
 __all__ = [
     "AuthSection",
     "BlobSection",
@@ -56,6 +58,8 @@ __all__ = [
     "Section",
     "StorageSection",
     "WorkerSection",
+    "has_credentials",
+    "redact_url",
 ]
 
 DEFAULT_CONFIG_PATH = Path("config/fleet.toml")
@@ -147,32 +151,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
-URL_USERINFO = re.compile(r"://([^/\s]*)@")  # up to the last @ before the path: passwords may hold @
 # Connection URLs the file may not hold with a password: each has an env variable for that.
 CREDENTIAL_ENV = {"database_url": "FLEET_DATABASE_URL", "redis_url": "FLEET_REDIS_URL"}
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password (or a bare token as its user-info) replaced by ***."""
-
-    def masked(match: re.Match[str]) -> str:
-        user, colon, _secret = match.group(1).partition(":")
-        return f"://{user}:***@" if colon else "://***@"
-
-    return URL_USERINFO.sub(masked, url)
-
-
-URL_SECRET_QUERY = re.compile(r"[?&](password|passwd|pwd|token|secret|api_?key)=", re.IGNORECASE)
-
-
-def has_credentials(text: str) -> bool:
-    """True for a URL carrying a secret: a password in its user-info (`user:pass@`, `:pass@`)
-    or a password-like query parameter (`?password=`). A bare user name (`postgres@db`, trust
-    auth) is not a secret."""
-    if "://" not in text:
-        return False
-    match = URL_USERINFO.search(text)
-    return (match is not None and ":" in match.group(1)) or URL_SECRET_QUERY.search(text) is not None
 
 
 def load_settings(environ: Mapping[str, str] | None = None, *, lm_credentials: bool = True) -> Settings:

@@ -11,6 +11,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Z_][A-Z0-9_]*$")]
+# An address to bind: never empty or blank (that would bind every interface). \Z, not $: a
+# trailing newline must not pass either.
+BIND_HOST_PATTERN = r"^\S+\Z"
+BindHost = Annotated[str, msgspec.Meta(min_length=1, pattern=BIND_HOST_PATTERN)]
 
 
 class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -134,7 +138,7 @@ class WorkerSection(Section):
     drain_seconds: Annotated[float, msgspec.Meta(ge=0)] = 30
     queue_name: str = "fleet:queue"
     # The worker's GET /metrics and GET /health (its liveness); port 0 serves neither.
-    metrics_host: str = "127.0.0.1"
+    metrics_host: BindHost = "127.0.0.1"
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9100
 
 

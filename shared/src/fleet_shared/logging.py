@@ -11,20 +11,19 @@ from typing import Any
 import structlog
 from structlog.tracebacks import ExceptionDictTransformer
 
-from fleet_shared.config import ObservabilitySection, redact_url
+from fleet_shared.config import ObservabilitySection
+from fleet_shared.redaction import redact_text
 
 SECRET_KEY = re.compile(r"(api_?key|token|secret|password|authorization|cookie)", re.IGNORECASE)
 REDACTED = "[redacted]"
-# `user:password@host` anywhere in a message, with or without a scheme before it (an HTTP
-# client's error may print the netloc alone).
-USERINFO = re.compile(r"([^\s:/@]+):[^\s@/]+@")
 
 
 def redact_secrets(
     _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    """Blank values under secret-looking keys and passwords inside URLs, at any depth (a
-    rendered traceback's messages included)."""
+    """Blank values under secret-looking keys, and mask secrets inside text (URL passwords,
+    secret query parameters, bearer tokens, Authorization values), at any depth (a rendered
+    traceback's messages included)."""
     for key, value in list(event_dict.items()):
         event_dict[key] = redacted(key, value)
     return event_dict
@@ -34,7 +33,7 @@ def redacted(key: str, value: Any) -> Any:
     if SECRET_KEY.search(key) and value not in (None, "", False):
         return REDACTED
     if isinstance(value, str):
-        return USERINFO.sub(r"\1:***@", redact_url(value)) if "@" in value else value
+        return redact_text(value)
     if isinstance(value, dict):
         return {k: redacted(str(k), v) for k, v in value.items()}
     if isinstance(value, list | tuple):

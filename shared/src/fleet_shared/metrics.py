@@ -1,6 +1,7 @@
-"""Prometheus metrics both sides export: the arq queue's depth (read fresh on each scrape), the
-sweeper's actions and cancellations. Side-only metrics live in fleet_gateway.metrics and
-fleet_worker.metrics; docs/metrics.md lists them all.
+"""Prometheus metrics both sides export: the arq queue's Turns waiting and in progress (read
+from Redis, at most every QUEUE_COUNTS_MAX_AGE_SECONDS per process), the sweeper's actions and
+cancellations. Side-only metrics live in fleet_gateway.metrics and fleet_worker.metrics;
+docs/metrics.md lists them all.
 
 Labels stay bounded: every label value here comes from a fixed set or from the config.
 """
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import Literal
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Literal, NamedTuple, cast
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -22,23 +25,35 @@ from redis.exceptions import RedisError
 from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX
 
 QUEUE_DEPTH = "fleet_queue_depth"
-# A scrape never waits longer than this for Redis: a dead or hung Redis leaves the queue depth
-# out of that scrape (it is not reported stale), and /metrics answers all the rest.
+QUEUE_IN_PROGRESS = "fleet_queue_in_progress"
+# A scrape never waits longer than this for Redis: a dead or hung Redis leaves the queue's
+# gauges out of that scrape (they are not reported stale), and /metrics answers all the rest.
 QUEUE_DEPTH_TIMEOUT_SECONDS = 1.0
+# The counting script is O(jobs in the queue) and blocks Redis while it runs, and /metrics is
+# open: each process evaluates it at most once per this many seconds, however many scrape.
+QUEUE_COUNTS_MAX_AGE_SECONDS = 2.0
 ARQ_ABORT_SET = "arq:abort"  # arq.constants.abort_jobs_ss: jobs the gateway cancelled while queued
 
 # arq keeps a job in its queue ZSET (score = when it may run) until the job finishes, and marks
-# a started job with an in-progress key. Waiting = in the ZSET, not started, not aborted. One
-# script, so the count is consistent; it is O(jobs in the queue), which is what a queue holds.
-QUEUE_DEPTH_SCRIPT = """
-local waiting = 0
+# a started job with an in-progress key. In progress = in the ZSET with that key; waiting = in
+# the ZSET, not started, not aborted. One script, so both counts come from the same instant.
+QUEUE_COUNTS_SCRIPT = """
+local waiting, in_progress = 0, 0
 for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if redis.call('EXISTS', ARGV[1] .. id) == 0 and not redis.call('ZSCORE', KEYS[2], id) then
+  if redis.call('EXISTS', ARGV[1] .. id) == 1 then
+    in_progress = in_progress + 1
+  elseif not redis.call('ZSCORE', KEYS[2], id) then
     waiting = waiting + 1
   end
 end
-return waiting
+return {waiting, in_progress}
 """
+
+
+class QueueCounts(NamedTuple):
+    waiting: int  # fleet_queue_depth
+    in_progress: int  # fleet_queue_in_progress
+
 
 ReaperAction = Literal["settled_lost", "settled_cancelled", "requeued", "failed_enqueue_lost"]
 CancelStage = Literal["queued", "running"]
@@ -64,34 +79,46 @@ def count_cancel(stage: CancelStage) -> None:
     CANCELS.labels(stage=stage).inc()
 
 
-def queue_depth_family(queue: str, depth: int | None) -> GaugeMetricFamily:
-    """The gauge, with one sample for `queue` when its depth is known, none when it is not."""
-    family = GaugeMetricFamily(
+def queue_families(queue: str, counts: QueueCounts | None) -> list[GaugeMetricFamily]:
+    """The two gauges, with one sample each for `queue` when the counts are known, none when not."""
+    depth = GaugeMetricFamily(
         QUEUE_DEPTH, "Turns waiting in arq's queue (not started, not cancelled)", labels=["queue"]
     )
-    if depth is not None:
-        family.add_metric([queue], depth)
-    return family
+    in_progress = GaugeMetricFamily(
+        QUEUE_IN_PROGRESS, "Turns in arq's queue that a worker is running now", labels=["queue"]
+    )
+    if counts is not None:
+        depth.add_metric([queue], counts.waiting)
+        in_progress.add_metric([queue], counts.in_progress)
+    return [depth, in_progress]
 
 
-async def read_queue_depth(redis: Redis, queue: str) -> int | None:
-    """The queue's waiting jobs, or None when Redis does not answer within the timeout."""
+def counts_of(reply: object) -> QueueCounts:
+    """The script's reply, a list of two integers."""
+    waiting, in_progress = cast(list[int], reply)
+    return QueueCounts(int(waiting), int(in_progress))
+
+
+async def read_queue_counts(redis: Redis, queue: str) -> QueueCounts | None:
+    """The queue's counts, or None when Redis does not answer within the timeout."""
     try:
         async with asyncio.timeout(QUEUE_DEPTH_TIMEOUT_SECONDS):
-            depth = await redis.eval(QUEUE_DEPTH_SCRIPT, 2, queue, ARQ_ABORT_SET, ARQ_IN_PROGRESS_PREFIX)  # type: ignore[misc]
+            reply = await redis.eval(  # type: ignore[misc]
+                QUEUE_COUNTS_SCRIPT, 2, queue, ARQ_ABORT_SET, ARQ_IN_PROGRESS_PREFIX
+            )
     except (RedisError, OSError, TimeoutError):
         return None
-    return int(depth)
+    return counts_of(reply)
 
 
-def read_queue_depth_sync(redis: SyncRedis, queue: str) -> int | None:
-    """As read_queue_depth, for a thread (the worker's metrics server); `redis` carries the
+def read_queue_counts_sync(redis: SyncRedis, queue: str) -> QueueCounts | None:
+    """As read_queue_counts, for a thread (the worker's metrics server); `redis` carries the
     timeout as its socket timeouts."""
     try:
-        depth = redis.eval(QUEUE_DEPTH_SCRIPT, 2, queue, ARQ_ABORT_SET, ARQ_IN_PROGRESS_PREFIX)
+        reply = redis.eval(QUEUE_COUNTS_SCRIPT, 2, queue, ARQ_ABORT_SET, ARQ_IN_PROGRESS_PREFIX)
     except (RedisError, OSError):
         return None
-    return int(depth)  # type: ignore[arg-type]
+    return counts_of(reply)
 
 
 def queue_depth_client(url: str) -> SyncRedis:
@@ -109,40 +136,91 @@ def queue_depth_client(url: str) -> SyncRedis:
     return client
 
 
-class QueueDepthCollector(Collector):
-    """fleet_queue_depth read fresh at each collection (a scrape), by a blocking reader."""
+class LastCounts:
+    """The last read and when (time.monotonic()); a failed read (None) is kept as long, so a dead
+    Redis is not asked again by every scrape either."""
 
-    def __init__(self, queue: str, read: Callable[[], int | None]) -> None:
-        self.queue = queue
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self.value: QueueCounts | None = None
+        self.read_at: float | None = None
+
+    def fresh(self) -> bool:
+        return self.read_at is not None and time.monotonic() - self.read_at < self.max_age
+
+    def store(self, value: QueueCounts | None) -> QueueCounts | None:
+        self.value, self.read_at = value, time.monotonic()
+        return value
+
+
+class SharedQueueCounts:
+    """The gateway's counts: concurrent scrapes wait for one read (single flight) and share it."""
+
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[QueueCounts | None]],
+        max_age: float = QUEUE_COUNTS_MAX_AGE_SECONDS,
+    ) -> None:
         self.read = read
+        self.last = LastCounts(max_age)
+        self.lock = asyncio.Lock()
+
+    async def get(self) -> QueueCounts | None:
+        async with self.lock:
+            return self.last.value if self.last.fresh() else self.last.store(await self.read())
+
+
+class SharedQueueCountsSync:
+    """As SharedQueueCounts, for the worker's metrics threads."""
+
+    def __init__(
+        self, read: Callable[[], QueueCounts | None], max_age: float = QUEUE_COUNTS_MAX_AGE_SECONDS
+    ) -> None:
+        self.read = read
+        self.last = LastCounts(max_age)
+        self.lock = threading.Lock()
+
+    def get(self) -> QueueCounts | None:
+        with self.lock:
+            return self.last.value if self.last.fresh() else self.last.store(self.read())
+
+
+class QueueCountsCollector(Collector):
+    """fleet_queue_depth and fleet_queue_in_progress at each collection (a scrape)."""
+
+    def __init__(self, queue: str, counts: SharedQueueCountsSync) -> None:
+        self.queue = queue
+        self.counts = counts
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield queue_depth_family(self.queue, self.read())
+        yield from queue_families(self.queue, self.counts.get())
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield queue_depth_family(self.queue, None)  # registering must not call Redis
+        yield from queue_families(self.queue, None)  # registering must not call Redis
 
 
-def exposition_of(family: GaugeMetricFamily) -> bytes:
-    """One family in the text format, to append to a registry's own exposition."""
+def exposition_of(families: Iterable[GaugeMetricFamily]) -> bytes:
+    """Families in the text format, to append to a registry's own exposition."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FixedCollector(family))
+    registry.register(FixedCollector(list(families)))
     return generate_latest(registry)
 
 
 class FixedCollector(Collector):
-    def __init__(self, family: GaugeMetricFamily) -> None:
-        self.family = family
+    def __init__(self, families: list[GaugeMetricFamily]) -> None:
+        self.families = families
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield self.family
+        yield from self.families
 
 
 @contextlib.contextmanager
-def queue_depth_in(registry: CollectorRegistry, queue: str, redis_url: str) -> Iterator[None]:
-    """fleet_queue_depth in `registry` (read on each scrape) while the block runs."""
+def queue_counts_in(registry: CollectorRegistry, queue: str, redis_url: str) -> Iterator[None]:
+    """The queue's two gauges in `registry` (read at most every QUEUE_COUNTS_MAX_AGE_SECONDS)
+    while the block runs."""
     client = queue_depth_client(redis_url)
-    collector = QueueDepthCollector(queue, lambda: read_queue_depth_sync(client, queue))
+    counts = SharedQueueCountsSync(lambda: read_queue_counts_sync(client, queue))
+    collector = QueueCountsCollector(queue, counts)
     registry.register(collector)
     try:
         yield

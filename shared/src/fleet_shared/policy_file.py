@@ -84,8 +84,8 @@ def redacted(value: Any) -> Any:
         return {key: redacted(item) for key, item in value.items()}
     if isinstance(value, list):
         return [redacted(item) for item in value]
-    if isinstance(value, str) and "://" in value and "@" in value:
-        return redact_url(value)  # any user-info: a bare token shows as ***
+    if isinstance(value, str) and "://" in value:
+        return redact_url(value)  # any user-info (a bare token shows as ***), any ?password=
     return value
 
 

@@ -42,7 +42,10 @@ def connect(
 def listener(url: str) -> Redis:
     """A client for pub/sub: reads wait for the next message however long that takes (a command
     timeout would end an idle subscription); keepalive finds a dead peer."""
+    # TCP only: redis-py's unix-socket connection refuses keepalive with a TypeError (which once
+    # killed the gateway's fan-out on `fleet up`, whose private Redis is a unix socket).
+    keepalive = {} if url.startswith("unix:") else {"socket_keepalive": True}
     client: Redis = Redis.from_url(
-        url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS, socket_keepalive=True, health_check_interval=30
+        url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS, health_check_interval=30, **keepalive
     )
     return client

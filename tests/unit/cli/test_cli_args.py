@@ -156,3 +156,13 @@ def test_gateway_off_loopback_with_a_token_or_the_flag_gets_past_the_refusal(
     assert f"0.0.0.0:{port} is already in use" in err
     if token is not None:
         assert token not in err
+
+
+@pytest.mark.parametrize("host", ["", " ", "\t", "0.0.0.0 ", "127.0.0.1\n"])
+def test_worker_refuses_a_blank_metrics_host(
+    host: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped_config_env(monkeypatch)
+    assert exit_code(["worker", "--metrics-host", host]) == 2  # before it binds every interface
+    err = capsys.readouterr().err.strip()
+    assert "--metrics-host" in err and "\n" not in err.strip("'\\n")

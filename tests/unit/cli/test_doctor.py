@@ -20,14 +20,11 @@ from fleet_cli.doctor import (
     config_fix,
     error_line,
     missing_sqlite_file,
-    render_json,
-    render_text,
     run_bounded,
     run_doctor,
     schema_check,
-    scrub,
-    secrets_of,
 )
+from fleet_cli.doctor_output import render_json, render_text, scrub, secrets_of
 from fleet_shared.config import LMSection, ResolvedLM, Secret, Settings, load_settings
 from fleet_shared.db.engine import HEAD_REVISION, REVISIONS
 from fleet_shared.doctor import Check, all_passed
@@ -181,6 +178,26 @@ def test_every_secret_the_settings_hold_is_scrubbed() -> None:
     assert SECRET not in clean.detail + (clean.fix or "")
     assert "tok-unit-must-not-print" not in clean.detail
     assert clean.fix == "check postgresql://fleet:***@db/fleet"
+
+
+def test_passwords_given_as_query_parameters_are_scrubbed_everywhere() -> None:
+    settings = settings_with(
+        FLEET_DATABASE_URL="postgresql+asyncpg://fleet@db/fleet?sslmode=require&password=hunter2",
+        FLEET_REDIS_URL="redis://redis:6379/0?password=x",
+    )
+    secrets = secrets_of(settings)
+    assert {"hunter2", "x"} <= set(secrets)
+    leaky = Check(
+        name="database",
+        status="fail",
+        detail='FATAL: password authentication failed (password "hunter2"); redis said x is wrong',
+        fix=f"now {settings.database_url} and {settings.redis_url}",
+    )
+    (clean,) = scrub([leaky], secrets)
+    assert clean.detail == 'FATAL: password authentication failed (password "***"); redis said *** is wrong'
+    assert clean.fix == (
+        "now postgresql+asyncpg://***@db/fleet?sslmode=require&password=*** and redis://redis:6379/0?password=***"
+    )
 
 
 def test_a_hung_check_is_reported_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:

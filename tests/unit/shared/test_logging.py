@@ -25,6 +25,13 @@ except RuntimeError:
     structlog.get_logger("t").error("request.failed", exc_info=True, nested={"api_key": "k-SECRET-5"})
     logging.getLogger("arq.worker").exception("job failed")
 structlog.get_logger("t").warning("lm", error="failed to connect to proxyuser:PROXY-PW-6@127.0.0.1:1")
+try:
+    raise ConnectionError(
+        "no postgresql+asyncpg://fleet@db/fleet?sslmode=require&password=QUERY-PW-7, "
+        "no https://lm.internal/v1?api_key=QUERY-KEY-8 (sent Bearer abcBEARER-9)"
+    )
+except ConnectionError:
+    structlog.get_logger("t").error("connect.failed", exc_info=True)
 """
 SECRETS = (
     "db-PASSWORD-1",
@@ -33,13 +40,16 @@ SECRETS = (
     "MY-PRIVATE-TEXT-4",
     "k-SECRET-5",
     "PROXY-PW-6",
+    "QUERY-PW-7",
+    "QUERY-KEY-8",
+    "abcBEARER-9",
 )
 
 
 def test_tracebacks_carry_no_locals_and_no_secrets() -> None:
     result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, check=True)
     lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
-    assert len(lines) == 3, result.stderr
+    assert len(lines) == 4, result.stderr
     for secret in SECRETS:
         assert secret not in result.stderr, secret
     ours = lines[0]
@@ -50,6 +60,10 @@ def test_tracebacks_carry_no_locals_and_no_secrets() -> None:
     assert "redis://:***@cache:6379/0" in ours["exception"][0]["exc_value"]
     assert "job failed" in lines[1]["event"] and "RuntimeError" in json.dumps(lines[1])
     assert lines[2]["error"] == "failed to connect to proxyuser:***@127.0.0.1:1"
+    assert lines[3]["exception"][0]["exc_value"] == (
+        "no postgresql+asyncpg://***@db/fleet?sslmode=require&password=***, "
+        "no https://lm.internal/v1?api_key=*** (sent Bearer ***)"
+    )
 
 
 def run_program(log_format: str, *, terminal: bool) -> str:
@@ -84,7 +98,7 @@ def run_program(log_format: str, *, terminal: bool) -> str:
 
 def test_auto_is_json_lines_when_stderr_is_not_a_terminal() -> None:
     err = run_program("auto", terminal=False)
-    assert sum(line.startswith("{") for line in err.splitlines()) == 3, err
+    assert sum(line.startswith("{") for line in err.splitlines()) == 4, err
 
 
 def test_auto_renders_for_a_person_at_a_terminal_and_still_redacts() -> None:
@@ -100,5 +114,6 @@ def test_console_forced_into_a_pipe_is_plain_text_with_its_traceback() -> None:
     err = run_program("console", terminal=False)
     assert "\x1b[" not in err
     assert "Traceback" in err and "RuntimeError" in err
+    assert "sslmode=require&password=***," in err and "api_key=*** (sent Bearer ***)" in err
     for secret in SECRETS:
         assert secret not in err, secret

@@ -73,3 +73,14 @@ def test_the_metrics_address_from_the_command_line() -> None:
         with_metrics_address(settings, None, 70000)
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"metrics_port": 70000}, type(settings.profile.worker))
+
+
+@pytest.mark.parametrize("host", ["", " ", "\t", " 0.0.0.0", "127.0.0.1\n"])
+def test_a_blank_metrics_host_is_rejected_by_the_config(host: str) -> None:
+    settings = load_settings(
+        {"FLEET_CONFIG": str(REPO / "config" / "fleet.toml"), "FLEET_REDIS_URL": "redis://x"}
+    )
+    worker_section = type(settings.profile.worker)
+    assert msgspec.convert({"metrics_host": "::"}, worker_section).metrics_host == "::"
+    with pytest.raises(msgspec.ValidationError, match="metrics_host"):
+        msgspec.convert({"metrics_host": host}, worker_section)

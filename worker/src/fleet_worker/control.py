@@ -81,8 +81,13 @@ class CancelListener:
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         self.notify(message["data"].decode(errors="replace"))
-            except (RedisError, OSError) as exc:
-                log.warning("cancel_listener.disconnected", error=str(exc), retry_in=delay)
+            except Exception as exc:  # any failure: log it and listen again, cancels must arrive
+                log.warning(
+                    "cancel_listener.disconnected",
+                    error_type=type(exc).__name__,
+                    error=str(exc),
+                    retry_in=delay,
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY_SECONDS)
             finally:

@@ -3,9 +3,12 @@ event loop's heartbeat), served from threads so a stuck event loop cannot silenc
 
 - `Heartbeat`: an asyncio task on the worker's loop touches it every HEARTBEAT_INTERVAL_SECONDS;
   /health is 503 once the last touch is older than STALE_AFTER_SECONDS (the loop is stuck).
-- `MetricsServer`: wsgiref on a thread per connection, at most MAX_CONNECTIONS at once (more are
-  closed at once), each given CONNECTION_TIMEOUT_SECONDS: an idle or slow client cannot hold the
-  probes up. A port in use is logged and the worker carries on without the server.
+- `MetricsServer`: wsgiref on a thread per connection, at most MAX_CONNECTIONS at once, each cut
+  off CONNECTION_DEADLINE_SECONDS after it was accepted (a total, not per read: a client sending a
+  byte now and then is cut off too). When those are all taken, HEALTH_LANE_SLOTS more connections
+  are accepted that answer /health only, within HEALTH_LANE_DEADLINE_SECONDS: slow clients and
+  slow scrapes cannot fail the liveness probe. Beyond that a connection is closed at once.
+  A port in use is logged and the worker carries on without the server.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -26,13 +28,16 @@ from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app
 
 from fleet_shared.config import Settings
 from fleet_shared.errors import ConfigError
-from fleet_shared.metrics import queue_depth_in
+from fleet_shared.metrics import queue_counts_in
 
 log = structlog.get_logger(__name__)
 HEARTBEAT_INTERVAL_SECONDS = 1.0
 STALE_AFTER_SECONDS = 3 * HEARTBEAT_INTERVAL_SECONDS  # a few missed beats: the loop is stuck
 MAX_CONNECTIONS = 8
-CONNECTION_TIMEOUT_SECONDS = 5.0
+CONNECTION_DEADLINE_SECONDS = 5.0  # a scrape waits at most ~2 s for Redis (connect + the script)
+HEALTH_LANE_SLOTS = 2
+HEALTH_LANE_DEADLINE_SECONDS = 1.0  # a prober sends its request at once; a slow client is cut off
+HEALTH_ONLY = "fleet.health_only"  # environ key: this connection is in the /health lane
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
@@ -71,6 +76,8 @@ def metrics_app(registry: CollectorRegistry, heartbeat: Heartbeat) -> Callable[.
         path = environ.get("PATH_INFO", "")
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             return answer(start_response, "405 Method Not Allowed", b"method not allowed\n")
+        if environ.get(HEALTH_ONLY) and path != "/health":
+            return answer(start_response, "503 Service Unavailable", b"busy: only /health is served now\n")
         if path == "/metrics":
             result: Iterable[bytes] = prometheus(environ, start_response)
             return result
@@ -93,40 +100,91 @@ def answer(start_response: StartResponse, status: str, body: bytes) -> list[byte
 
 
 class QuietHandler(WSGIRequestHandler):
-    """No access log lines on stderr; a socket timeout for every read and write."""
+    """No access log lines on stderr; the connection is shut down `deadline` seconds after it
+    began, whatever the client is doing (the socket timeout alone bounds each read, not the sum)."""
 
-    timeout = CONNECTION_TIMEOUT_SECONDS
+    deadline = CONNECTION_DEADLINE_SECONDS
+    timeout = CONNECTION_DEADLINE_SECONDS
+    health_only = False
+
+    def setup(self) -> None:
+        super().setup()
+        self.cutoff = threading.Timer(self.deadline, self.cut_off)
+        self.cutoff.daemon = True
+        self.cutoff.start()
+
+    def cut_off(self) -> None:
+        # Wakes the handler's blocked read (it sees the end of the stream) or write (it fails).
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        self.cutoff.cancel()
+        super().finish()
+
+    def get_environ(self) -> dict[str, Any]:
+        environ: dict[str, Any] = super().get_environ()
+        environ[HEALTH_ONLY] = self.health_only
+        return environ
 
     def log_message(self, format: str, *args: Any) -> None:
         return None
 
 
-class BoundedThreadingServer(ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most `max_connections` at once: one more is closed unanswered."""
+class HealthLaneHandler(QuietHandler):
+    """A connection accepted while every ordinary slot was taken: /health only, and quickly."""
 
-    daemon_threads = True
-    block_on_close = False
+    deadline = HEALTH_LANE_DEADLINE_SECONDS
+    timeout = HEALTH_LANE_DEADLINE_SECONDS
+    health_only = True
+
+
+class BoundedThreadingServer(WSGIServer):
+    """A thread per connection: at most `max_connections` ordinary ones, then `health_slots` in
+    the /health lane; one more is closed unanswered."""
+
     allow_reuse_address = True  # a restarted worker gets its port back at once
 
-    def __init__(self, *args: Any, max_connections: int = MAX_CONNECTIONS, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        max_connections: int = MAX_CONNECTIONS,
+        health_slots: int = HEALTH_LANE_SLOTS,
+        **kwargs: Any,
+    ) -> None:
         self.slots = threading.BoundedSemaphore(max_connections)
+        self.health_slots = threading.BoundedSemaphore(health_slots)
         super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        handler: type[QuietHandler] = self.RequestHandlerClass  # type: ignore[assignment]
+        if self.slots.acquire(blocking=False):
+            release = self.slots.release
+        elif self.health_slots.acquire(blocking=False):
+            release, handler = self.health_slots.release, HealthLaneHandler
+        else:
             self.shutdown_request(request)
             return
+        thread = threading.Thread(
+            target=self.serve_connection, args=(request, client_address, handler, release), daemon=True
+        )
         try:
-            super().process_request(request, client_address)
+            thread.start()
         except BaseException:
-            self.slots.release()
+            release()
+            self.shutdown_request(request)
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def serve_connection(
+        self, request: Any, client_address: Any, handler: type[QuietHandler], release: Callable[[], None]
+    ) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            handler(request, client_address, self)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
-            self.slots.release()
+            self.shutdown_request(request)
+            release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that went away or timed out; not worth a traceback on stderr.
@@ -167,7 +225,7 @@ class MetricsServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-        self.thread.join(timeout=CONNECTION_TIMEOUT_SECONDS)
+        self.thread.join(timeout=CONNECTION_DEADLINE_SECONDS)
 
 
 def server_class_for(host: str) -> type[BoundedThreadingServer]:
@@ -198,7 +256,8 @@ def with_metrics_address(settings: Settings, host: str | None, port: int | None)
 @contextlib.contextmanager
 def serving_metrics(settings: Settings, loop: asyncio.AbstractEventLoop) -> Iterator[MetricsServer | None]:
     """The heartbeat (on `loop`, which the caller then runs) and the metrics port, with
-    fleet_queue_depth read from Redis on each scrape, for as long as the block runs."""
+    the queue's gauges read from Redis (at most every QUEUE_COUNTS_MAX_AGE_SECONDS), for as long
+    as the block runs."""
     worker = settings.profile.worker
     if worker.metrics_port == 0:
         yield None
@@ -206,7 +265,7 @@ def serving_metrics(settings: Settings, loop: asyncio.AbstractEventLoop) -> Iter
     heartbeat = Heartbeat()
     beat = heartbeat.start(loop)
     try:
-        with queue_depth_in(REGISTRY, worker.queue_name, settings.redis_url):
+        with queue_counts_in(REGISTRY, worker.queue_name, settings.redis_url):
             server = MetricsServer.start(worker.metrics_host, worker.metrics_port, REGISTRY, heartbeat)
             try:
                 yield server

@@ -75,14 +75,22 @@ async def check_redis(gw: GatewayState) -> str:
 
 async def sandbox_modes(gw: GatewayState) -> str:
     """What isolation the live workers' sandboxes get (each worker announces its own). Finding the
-    announcements SCANs the whole keyspace, so one answer serves every probe for a while."""
+    announcements SCANs the whole keyspace, so probes read the last answer while one background
+    task refreshes it; a SCAN slower than the probe's deadline still finishes and is kept."""
     cached = gw.sandbox_modes_cache
-    now = time.monotonic()
-    if cached is not None and cached[0] > now:
+    if cached is not None and cached[0] > time.monotonic():
         return cached[1]
+    refresh = gw.sandbox_modes_refresh
+    if refresh is None or refresh.done():
+        refresh = gw.sandbox_modes_refresh = asyncio.create_task(refresh_sandbox_modes(gw))
+    if cached is not None:
+        return cached[1]
+    return await asyncio.shield(refresh)  # the first probe waits (bounded by its caller)
+
+
+async def refresh_sandbox_modes(gw: GatewayState) -> str:
     answer = await scan_sandbox_modes(gw)
-    if not answer.startswith("unknown: redis"):
-        gw.sandbox_modes_cache = (now + SANDBOX_MODES_CACHE_SECONDS, answer)
+    gw.sandbox_modes_cache = (time.monotonic() + SANDBOX_MODES_CACHE_SECONDS, answer)
     return answer
 
 

@@ -25,6 +25,7 @@ import structlog
 log = structlog.get_logger(__name__)
 CONTROLLERS = ("memory", "pids", "cpu")
 GROUP = "fleet-sandboxes"
+LEAF = "fleet-worker"  # cgroup v2: where a worker moves its own processes
 CPU_PERIOD_US = 100_000
 
 
@@ -115,10 +116,14 @@ class Cgroups:
 
     @classmethod
     def detect(cls, limits: Limits) -> Cgroups:
+        """The worker's cgroups, set up now: on v2 this moves the worker's cgroup's processes into
+        a leaf and enables the controllers; stale REPL groups are swept. Never for `fleet doctor`
+        (see `prepared`)."""
         if os.geteuid() != 0:
             return cls((), 0, "the worker is not root")
         try:
-            found = find_v1() or find_v2()
+            located = locate(cgroup_mounts(), own_paths())
+            found = None if located is None else set_up(*located)
         except OSError as exc:
             return cls((), 0, f"cannot read this process's cgroups: {exc}")
         if found is None:
@@ -131,6 +136,16 @@ class Cgroups:
         except OSError as exc:
             return cls((), 0, f"cgroups are not writable here: {exc}")
         return cgroups
+
+    @classmethod
+    def prepared(cls, view: CgroupView) -> Cgroups:
+        """Cgroups under a base a worker already set up, found without writing anything (no
+        sweep, no probe group); mode `none`, with what is missing, when there is none."""
+        if os.geteuid() != 0:
+            return cls((), 0, "not root")
+        if not view.prepared:
+            return cls((), 0, f"no sandbox cgroup prepared by a worker ({view.needs or view.summary})")
+        return cls(view.prepared, view.version)
 
     def sweep(self) -> None:
         """Remove REPL cgroups a crashed worker left behind. Only empty ones go (rmdir refuses
@@ -197,13 +212,27 @@ def cgroup_mounts() -> dict[str, Path]:
     return mounts
 
 
-def find_v1() -> tuple[tuple[Path, ...], int] | None:
-    mounts, paths = cgroup_mounts(), own_paths()
-    if not all(c in mounts and c in paths for c in CONTROLLERS):
-        return None
+def locate(mounts: dict[str, Path], paths: dict[str, str]) -> tuple[int, dict[str, Path]] | None:
+    """The hierarchy the worker uses (1 or 2) and this process's cgroup directory in it, per
+    controller (v2: one directory, keyed `""`); None when neither has the three controllers."""
+    if all(c in mounts and c in paths for c in CONTROLLERS):
+        return 1, {c: mounts[c] / paths[c].lstrip("/") for c in CONTROLLERS}
+    if "" in mounts and "" in paths and not any(c in mounts for c in CONTROLLERS):
+        return 2, {"": mounts[""] / paths[""].lstrip("/")}
+    return None
+
+
+def set_up(version: int, own: dict[str, Path]) -> tuple[tuple[Path, ...], int] | None:
+    """The worker's setup: the sandboxes' base group(s) under its own cgroup, created if missing."""
+    if version == 1:
+        return find_v1(own)
+    return find_v2(own[""])
+
+
+def find_v1(own: dict[str, Path]) -> tuple[tuple[Path, ...], int] | None:
     bases = []
     for controller in CONTROLLERS:
-        base = mounts[controller] / paths[controller].lstrip("/") / GROUP
+        base = own[controller] / GROUP
         if not base.parent.is_dir():
             return None
         base.mkdir(exist_ok=True)
@@ -211,17 +240,13 @@ def find_v1() -> tuple[tuple[Path, ...], int] | None:
     return tuple(bases), 1
 
 
-def find_v2() -> tuple[tuple[Path, ...], int] | None:
-    mounts, paths = cgroup_mounts(), own_paths()
-    if "" not in mounts or "" not in paths or any(c in mounts for c in CONTROLLERS):
-        return None
-    own = mounts[""] / paths[""].lstrip("/")
+def find_v2(own: Path) -> tuple[tuple[Path, ...], int] | None:
     available = (own / "cgroup.controllers").read_text().split()
     if not all(c in available for c in CONTROLLERS):
         return None
     # v2 lets only leaf cgroups hold processes: move this worker into a leaf of its own first,
     # then hand the controllers down to the sandboxes' group.
-    leaf = own / "fleet-worker"
+    leaf = own / LEAF
     leaf.mkdir(exist_ok=True)
     for pid in (own / "cgroup.procs").read_text().split():
         with contextlib.suppress(OSError):
@@ -232,3 +257,63 @@ def find_v2() -> tuple[tuple[Path, ...], int] | None:
     base.mkdir(exist_ok=True)
     write(base / "cgroup.subtree_control", enable)
     return (base,), 2
+
+
+@dataclass(frozen=True)
+class CgroupView:
+    """This process's cgroups as read, never written: for `fleet doctor`, which may run beside a
+    live worker (`kubectl exec` into its pod) and must not change what the worker relies on."""
+
+    version: int  # 1 or 2; 0 when neither hierarchy has the three controllers
+    available: tuple[str, ...]  # of CONTROLLERS, enabled for this process's cgroup
+    writable: tuple[str, ...]  # of those, where this process may create groups
+    prepared: tuple[Path, ...] = ()  # the sandboxes' base group(s) a worker set up already
+    needs: str = ""  # what the worker's setup would change here (empty once prepared)
+
+    @property
+    def summary(self) -> str:
+        if not self.version:
+            return "no cgroup hierarchy with memory, pids and cpu controllers"
+        available = ", ".join(self.available) or "none"
+        writable = ", ".join(self.writable) or "none"
+        return f"cgroup v{self.version}: controllers {available} available, {writable} writable"
+
+
+def inspect(mounts: dict[str, Path] | None = None, paths: dict[str, str] | None = None) -> CgroupView:
+    """What Cgroups.detect would find, read-only (`mounts`/`paths` default to this process's)."""
+    located = locate(cgroup_mounts() if mounts is None else mounts, own_paths() if paths is None else paths)
+    if located is None:
+        return CgroupView(0, (), ())
+    version, own = located
+    if version == 1:
+        available = tuple(c for c in CONTROLLERS if own[c].is_dir())
+        writable = tuple(c for c in available if os.access(own[c], os.W_OK))
+        bases = tuple(own[c] / GROUP for c in CONTROLLERS)
+        if all(base.is_dir() and os.access(base, os.W_OK) for base in bases):
+            return CgroupView(1, available, writable, bases)
+        needs = f"the worker creates {GROUP}/ in the memory, pids and cpu hierarchies"
+        return CgroupView(1, available, writable, needs=needs)
+    directory = own[""]
+    listed = read_words(directory / "cgroup.controllers")
+    available = tuple(c for c in CONTROLLERS if c in listed)
+    may_write = os.access(directory / "cgroup.subtree_control", os.W_OK)
+    writable = available if may_write else ()
+    # A worker set up its own cgroup; a process exec'd into its container may sit in that leaf.
+    owners = [directory, directory.parent] if directory.name == LEAF else [directory]
+    for owner in owners:
+        base = owner / GROUP
+        if base.is_dir() and all(c in read_words(base / "cgroup.subtree_control") for c in CONTROLLERS):
+            return CgroupView(2, available, writable, (base,))
+    processes = len(read_words(directory / "cgroup.procs"))
+    needs = (
+        f"the worker moves the {processes} process(es) of {directory} into {LEAF}/ and enables "
+        f"{', '.join(CONTROLLERS)} for its subgroups"
+    )
+    return CgroupView(2, available, writable, needs=needs)
+
+
+def read_words(path: Path) -> list[str]:
+    try:
+        return path.read_text().split()
+    except OSError:
+        return []

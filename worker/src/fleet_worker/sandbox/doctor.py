@@ -1,8 +1,13 @@
 """`fleet doctor`'s sandbox checks: bwrap, user namespaces, cgroups, seccomp, then one real cell.
 
-Each part is found the way the worker finds it (the same `LocalSandboxProvider`, `Cgroups.detect`
-and `build_filter`), so the doctor and the worker agree on what a sandbox gets. The last check
-starts a real REPL in a throwaway workspace through the provider and runs one cell.
+Each part is found the way the worker finds it (the same `LocalSandboxProvider` and `build_filter`),
+so the doctor and the worker agree on what a sandbox gets. The last check starts a real REPL in a
+throwaway workspace through the provider and runs one cell.
+
+Cgroups are only read: the doctor may run beside a live worker (`kubectl exec` into its pod), and
+the worker's setup moves processes, enables controllers and sweeps empty REPL groups. The cell gets
+cgroup limits only under a sandboxes' group a worker already set up (its own REPL group there is
+removed before the doctor returns); otherwise it runs without them, and says so.
 """
 
 from __future__ import annotations
@@ -17,10 +22,20 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
+
 from fleet_shared.config import Settings
 from fleet_shared.doctor import Check
 from fleet_worker.sandbox.boundary import Caps
-from fleet_worker.sandbox.cgroups import Cgroups, Limits, cgroup_mounts
+from fleet_worker.sandbox.cgroups import (
+    CONTROLLERS,
+    Cgroup,
+    Cgroups,
+    CgroupView,
+    Limits,
+    cgroup_mounts,
+    inspect,
+)
 from fleet_worker.sandbox.errors import INSTALL_HINT, SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.jail import LocalSandboxConfig, local_sandbox_config
 from fleet_worker.sandbox.local import LocalSandboxProvider
@@ -61,12 +76,16 @@ def check_sandbox(settings: Settings) -> list[Check]:
         detail = "sandbox.provider = daytona: `fleet doctor daytona` runs a cell in a disposable sandbox"
         return [Check(name="sandbox", status="skip", detail=detail)]
     cfg = doctor_config(local_sandbox_config(settings.profile.sandbox.local))
-    cell = run_cell(cfg, Caps.from_rlm(settings.profile.rlm))
+    try:
+        view = inspect()
+    except OSError as exc:
+        view = CgroupView(0, (), (), needs=f"cannot read this process's cgroups: {exc}")
+    cell = run_cell(cfg, Caps.from_rlm(settings.profile.rlm), view)
     works = cell.status != "fail"
     return [
         check_bwrap(cfg),
         check_userns(sandbox_works=works),
-        check_cgroups(cfg),
+        check_cgroups(cfg, view),
         check_seccomp(),
         cell,
     ]
@@ -145,20 +164,26 @@ def userns_sysctls() -> str:
     return ", ".join(found) or "no user-namespace sysctls readable"
 
 
-def check_cgroups(cfg: LocalSandboxConfig) -> Check:
-    """The cgroup mode the worker would use (Cgroups.detect proves it by creating one cgroup)."""
-    limits = Limits(memory_bytes=cfg.memory_mb * 2**20, pids=cfg.max_processes, cpus=cfg.cpus)
-    cgroups = Cgroups.detect(limits)
-    host = host_cgroup_version()
-    if cgroups.bases:
+def check_cgroups(cfg: LocalSandboxConfig, view: CgroupView) -> Check:
+    """The cgroup mode the worker would use, as read (nothing is created, moved or enabled)."""
+    limits = f"memory {cfg.memory_mb} MB, {cfg.max_processes} processes, {cfg.cpus:g} CPU"
+    root = os.geteuid() == 0
+    if root and view.prepared:
         detail = (
-            f"{cgroups.mode}, writable: whole-sandbox limits apply (memory {cfg.memory_mb} MB, "
-            f"{cfg.max_processes} processes, {cfg.cpus:g} CPU)"
+            f"{view.summary}; the sandboxes' group a worker set up ({view.prepared[0]}) takes "
+            f"whole-sandbox limits ({limits}): the cell below ran under them"
         )
         return Check(name="sandbox.cgroups", status="ok", detail=detail)
+    if root and view.version and view.writable == view.available == tuple(CONTROLLERS):
+        detail = (
+            f"{view.summary}: a worker sets up whole-sandbox limits ({limits}) at startup "
+            f"({view.needs}); the doctor changes nothing, so these limits were not exercised"
+        )
+        return Check(name="sandbox.cgroups", status="ok", detail=detail)
+    reason = "the worker is not root" if not root else view.summary
     detail = (
-        f"{host} host, not usable ({cgroups.reason}): no whole-sandbox limits, each process keeps "
-        f"its rlimits (memory {cfg.memory_mb} MB per process)"
+        f"{host_cgroup_version()} host, not usable ({reason}): no whole-sandbox limits, each "
+        f"process keeps its rlimits (memory {cfg.memory_mb} MB per process)"
     )
     return Check(name="sandbox.cgroups", status="warn", detail=detail, fix=CGROUPS_FIX)
 
@@ -184,15 +209,40 @@ def check_seccomp() -> Check:
     return Check(name="sandbox.seccomp", status="ok", detail=detail)
 
 
-def run_cell(cfg: LocalSandboxConfig, caps: Caps) -> Check:
+class DoctorCgroups(Cgroups):
+    """The cgroups a worker prepared (none if it did not), remembering the REPL groups the
+    doctor creates so each is removed before the doctor returns, not left to a background retry."""
+
+    def __init__(self, view: CgroupView) -> None:
+        found = Cgroups.prepared(view)
+        super().__init__(found.bases, found.version, found.reason)
+        self.created: list[Cgroup] = []
+
+    def create(self, limits: Limits) -> Cgroup:
+        cgroup = super().create(limits)
+        self.created.append(cgroup)
+        return cgroup
+
+    def remove_created(self) -> None:
+        for cgroup in self.created:
+            cgroup.try_rmdir(attempts=100, pause=0.05)
+
+
+def run_cell(cfg: LocalSandboxConfig, caps: Caps, view: CgroupView) -> Check:
     """Start a REPL the way the worker does, in a throwaway workspace, and run one cell."""
-    provider = LocalSandboxProvider(cfg, caps=caps)
+    cgroups = DoctorCgroups(view)
+    provider = LocalSandboxProvider(cfg, caps=caps, cgroups=lambda _limits: cgroups)
     scratch = Path(tempfile.mkdtemp(prefix="fleet-doctor-"))
     try:
-        return timed_cell(provider, scratch / "workspaces")
+        check = timed_cell(provider, scratch / "workspaces")
     finally:
         provider.close()
+        cgroups.remove_created()
         shutil.rmtree(scratch, ignore_errors=True)
+    if cgroups.bases or check.status == "fail":
+        return check
+    detail = f"{check.detail}; cgroup limits not exercised: {cgroups.reason}"
+    return msgspec.structs.replace(check, detail=detail)
 
 
 def timed_cell(provider: LocalSandboxProvider, workspaces: Path) -> Check:

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,10 +191,13 @@ class LocalSandboxProvider:
         caps: Caps,
         search_path: str | None = None,
         workspaces: Path | None = None,
+        cgroups: Callable[[Limits], Cgroups] = Cgroups.detect,
     ) -> None:
         """`search_path` is the PATH used to find bwrap (default: this process's PATH);
-        `workspaces` the folder that holds one folder per workspace (see place_workspaces)."""
+        `workspaces` the folder that holds one folder per workspace (see place_workspaces);
+        `cgroups` finds the REPLs' cgroups (`fleet doctor` passes one that writes nothing shared)."""
         self.workspaces = workspaces
+        self._find_cgroups = cgroups
         self._cfg = cfg
         self._caps = caps
         self._search_path = search_path
@@ -273,7 +277,7 @@ class LocalSandboxProvider:
                 f"the sandbox interpreter {python} does not exist or is not executable",
                 fix="install python3 or set sandbox.local.python",
             )
-        seccomp, cgroups = self._seccomp(), Cgroups.detect(self._limits())
+        seccomp, cgroups = self._seccomp(), self._find_cgroups(self._limits())
         if not cgroups.bases:
             log.warning("sandbox.no_cgroups", reason=cgroups.reason, detail="limits are per process only")
         bwrap = shutil.which("bwrap", path=self._search_path)

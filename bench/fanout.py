@@ -1,0 +1,228 @@
+"""Lane `fanout`: one gateway process, N SSE streams on one Run; events are published into the
+Run's log the way the worker does (`RunLog.append` under the Run's lease), each stamped with its
+publish time. Measured: streams held, delivery latency per event per stream against a raw
+redis-py pub/sub subscriber on the same channel (same events, same moment), gateway CPU per
+delivered event (/proc of the gateway's process tree, idle CPU subtracted), and its RSS.
+
+No worker runs: the Turn stays queued, and the bench holds its lease in the worker's place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench import stack as fleet_stack
+from bench.harness import REPO, Receipt, goal, summary
+
+DEFAULT_STREAMS = (100, 500, 1000, 2000, 5000)
+QUICK_STREAMS = (50, 200)
+STREAMS_PER_CLIENT = 1000  # receivers per client process (they share the 2 cores with the gateway)
+
+
+def open_turn(st: fleet_stack.Stack) -> str:
+    """A queued Turn (no worker takes it): POST, read the headers for the run id, hang up."""
+    import http.client
+
+    session = fleet_stack.new_session(st.url)
+    conn = http.client.HTTPConnection("127.0.0.1", st.port, timeout=30)
+    try:
+        conn.request(
+            "POST", f"/api/sessions/{session}/turns", body=json.dumps({"text": "fanout"}),
+            headers={"content-type": "application/json", "Idempotency-Key": uuid.uuid4().hex},
+        )  # fmt: skip
+        response = conn.getresponse()
+        run_id = response.getheader("X-Fleet-Run-ID")
+    finally:
+        conn.close()
+    if response.status != 200 or not run_id:
+        raise RuntimeError(f"POST turns answered {response.status}")
+    return run_id
+
+
+async def publish(
+    redis_url: str, run_id: str, events: int, interval: float, gateway: list[int]
+) -> dict[str, float]:
+    """E stamped events, then (once the gateway's CPU settles) the terminal event.
+    Returns the gateway's CPU seconds spent on the E events, idle CPU subtracted."""
+    from redis.asyncio import Redis
+
+    from fleet_shared.event_log import RunLog, lease_token
+    from fleet_shared.events import RunCompleted, StatusChanged
+
+    redis = Redis.from_url(redis_url)
+    try:
+        log = RunLog(redis)
+        token = lease_token(1, "bench")
+        if not await log.take_lease(run_id, token, 600_000):
+            raise RuntimeError("could not take the Run's lease")
+        idle_start, idle_at = fleet_stack.cpu_seconds(gateway), time.monotonic()
+        await asyncio.sleep(1.0)
+        idle_rate = (fleet_stack.cpu_seconds(gateway) - idle_start) / (time.monotonic() - idle_at)
+        cpu_start, started = fleet_stack.cpu_seconds(gateway), time.monotonic()
+        for index in range(events):
+            message = f"bench:{index}:{time.monotonic_ns()}:"
+            event = StatusChanged(run_id=run_id, seq=index + 1, phase="execution", message=message)
+            await log.append(event, token)
+            await asyncio.sleep(interval)
+        previous = fleet_stack.cpu_seconds(gateway)
+        for _ in range(300):  # until the gateway has written everything out (≤ 30 s)
+            await asyncio.sleep(0.1)
+            current = fleet_stack.cpu_seconds(gateway)
+            if current - previous <= 0.011:  # about one clock tick: idle again
+                break
+            previous = current
+        cpu = fleet_stack.cpu_seconds(gateway) - cpu_start
+        elapsed = time.monotonic() - started
+        await log.append(RunCompleted(run_id=run_id, seq=events + 1, duration_ms=1), token)
+        return {"cpu_s": cpu, "elapsed_s": elapsed, "idle_cpu_s": idle_rate * elapsed}
+    finally:
+        await redis.aclose()
+
+
+def spawn_receiver(out: Path, events: int, *args: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "bench.fanout_client", "--events", str(events), "--out", str(out), *args]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=REPO)
+
+
+def one_level(
+    st: fleet_stack.Stack, streams: int, events: int, interval: float, hold: float
+) -> dict[str, Any]:
+    from fleet_shared.redis_keys import events_channel
+
+    assert st.gateway is not None
+    run_id = open_turn(st)
+    tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-fanout-"))
+    receivers: list[subprocess.Popen[str]] = []
+    try:
+        raw_out = tmp / "raw.json"
+        raw = spawn_receiver(
+            raw_out, events, "--raw", "--redis", st.redis_url, "--channel", events_channel(0)
+        )
+        receivers.append(raw)
+        outs: list[Path] = []
+        remaining = streams
+        while remaining > 0:
+            count = min(STREAMS_PER_CLIENT, remaining)
+            out = tmp / f"streams-{len(outs)}.json"
+            receivers.append(spawn_receiver(
+                out, events, "--port", str(st.port), "--run", run_id, "--streams", str(count),
+                "--hold-seconds", str(hold),
+            ))  # fmt: skip
+            outs.append(out)
+            remaining -= count
+        held = 0
+        for proc in receivers:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().split()
+            if proc is not raw:
+                held += int(line[1]) if len(line) == 2 and line[0] == "ready" else 0
+        gateway = fleet_stack.process_tree(st.gateway.pid)
+        rss = fleet_stack.rss_bytes(gateway)
+        cpu = asyncio.run(publish(st.redis_url, run_id, events, interval, gateway))
+        for proc in receivers:
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                fleet_stack.stop_group(proc)  # type: ignore[arg-type]
+        raw_result = json.loads(raw_out.read_text())
+        latencies: list[float] = []
+        completed = 0
+        for out in outs:
+            if out.exists():
+                result = json.loads(out.read_text())
+                latencies += result["latencies"]
+                completed += result["completed"]
+    finally:
+        for proc in receivers:
+            fleet_stack.stop_group(proc)  # type: ignore[arg-type]
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    sse, base = summary(latencies), summary(raw_result["latencies"])
+    busy = max(0.0, cpu["cpu_s"] - cpu["idle_cpu_s"])
+    return {
+        "streams": streams,
+        "held": held,
+        "completed": completed,
+        "events": events,
+        "delivered": len(latencies),
+        "expected_deliveries": streams * events,
+        "sse": sse,
+        "raw": base,
+        "ratio_p50": round(sse["p50_ms"] / base["p50_ms"], 3) if sse["n"] and base["n"] else None,
+        "ratio_p99": round(sse["p99_ms"] / base["p99_ms"], 3) if sse["n"] and base["n"] else None,
+        "gateway_cpu_s": round(cpu["cpu_s"], 4),
+        "gateway_idle_cpu_s": round(cpu["idle_cpu_s"], 4),
+        "gateway_cpu_us_per_delivery": round(busy / len(latencies) * 1e6, 3) if latencies else None,
+        "gateway_rss_mb_held": round(rss / 2**20, 1),
+        "gateway_processes": len(gateway),
+    }
+
+
+def run(
+    *, quick: bool = False, streams: tuple[int, ...] | None = None, events: int | None = None,
+    interval: float = 0.02,
+) -> dict[str, Any]:  # fmt: skip
+    levels = streams or (QUICK_STREAMS if quick else DEFAULT_STREAMS)
+    events = events or (20 if quick else 50)
+    hold = 15.0 if quick else 30.0
+    receipt = Receipt(
+        "fanout",
+        {"streams": list(levels), "events_per_level": events, "interval_s": interval, "hold_seconds": hold,
+         "streams_per_client_process": STREAMS_PER_CLIENT, "gateway_workers": 1},
+        baseline="a raw redis-py pub/sub subscriber on the same channel (its own process)",
+    )  # fmt: skip
+    try:
+        import fastapi  # type: ignore[import-not-found]  # noqa: F401
+        import sse_starlette  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        receipt.notes.append(
+            "relay baseline skipped: fastapi and sse-starlette are not importable (not in the project's "
+            "dependencies); the raw pub/sub subscriber is the only baseline in this receipt"
+        )
+    else:
+        receipt.notes.append("relay baseline: fastapi/sse-starlette import, but the relay is not built yet")
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the gateway inherits it
+    results = []
+    with fleet_stack.stack(heartbeat_seconds=60) as st:
+        st.start_redis()
+        st.migrate()
+        st.start_gateway()
+        st.wait_ready(need_worker=False)
+        for streams_n in levels:
+            results.append(one_level(st, streams_n, events, interval, hold))
+    receipt.figures = {"levels": results}
+    receipt.ratios = {f"p99_vs_raw@{r['streams']}": r["ratio_p99"] for r in results}
+    by_n = {r["streams"]: r for r in results}
+    biggest = max(levels)
+    cpu = [r["gateway_cpu_us_per_delivery"] for r in results if r["gateway_cpu_us_per_delivery"] is not None]
+    receipt.goals = [
+        goal("streams_held", "5,000 streams held", {"streams": biggest, "held": by_n[biggest]["held"]},
+             by_n[biggest]["held"] >= 5000 if biggest >= 5000 else None,
+             "" if biggest >= 5000 else f"not measured: the largest level was {biggest}"),
+        goal("p99_at_2000", "p99 ≤ 1.5 x raw at 2,000 streams",
+             by_n[2000]["ratio_p99"] if 2000 in by_n else None,
+             (by_n[2000]["ratio_p99"] or 1e9) <= 1.5 if 2000 in by_n else None,
+             "" if 2000 in by_n else "not measured: no 2,000-stream level in this run"),
+        goal("cpu_per_delivery", "≤ 10 µs gateway CPU per delivered event (worst level)",
+             max(cpu) if cpu else None, max(cpu) <= 10 if cpu else None),
+        goal("relay_throughput", "≥ 2x the FastAPI + sse-starlette relay's throughput", None, None,
+             "not measured: no relay baseline in this run"),
+    ]  # fmt: skip
+    receipt.notes.append(
+        "latency = receive time - publish time (CLOCK_MONOTONIC, shared by all processes); the receivers "
+        "run on the same 2 cores as the gateway, so at high N part of the SSE latency is the clients' own"
+    )
+    body, path = receipt.write()
+    body["receipt_path"] = str(path)
+    return body

@@ -1,0 +1,120 @@
+"""Lane `turn`: POST → `[DONE]` of a 3-iteration zero-delay scripted Turn (plain cell, llm_query,
+SUBMIT) through a real stack, and the time to the first SSE byte.
+
+Baseline (the floor): the same `dspy.RLM` program, same signature, same scripted LM lines, run
+in-process with dspy's `LocalInterpreter`. Subject and baseline samples alternate (ABBA).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import stack as fleet_stack
+from bench.harness import Receipt, compared, goal, interleave, summary
+
+SCRIPT = fleet_stack.three_step_script()
+
+
+def local_interpreter() -> Any:
+    """dspy's LocalInterpreter, given `history` as plain JSON (it refuses a dspy.History object;
+    fleet's sandbox hands the REPL the same `{"messages": [...]}` form)."""
+    import dspy
+    from dspy.primitives.local_interpreter import LocalInterpreter
+
+    class JsonLocalInterpreter(LocalInterpreter):  # type: ignore[misc]
+        def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
+            plain = {
+                key: value.model_dump() if isinstance(value, dspy.History) else value
+                for key, value in (variables or {}).items()
+            }
+            return super().execute(code, plain)
+
+    return JsonLocalInterpreter()
+
+
+def baseline_turn(script_path: Path) -> float:
+    """One in-process Turn: fleet's signature and scripted engine, dspy's RLM and LocalInterpreter."""
+    import dspy
+
+    from fleet_worker.dspy_adapter import ScriptedEngine, TurnSignature
+    from fleet_worker.lm.script import load_script
+
+    started = time.perf_counter()
+    cursor = load_script(script_path, "bench").cursor()
+    stop = threading.Event()
+    root = dspy.LM("scripted/bench", engine=ScriptedEngine(cursor, "root", "scripted/bench", stop),
+                   cache=False, num_retries=0)  # fmt: skip
+    sub = dspy.LM("scripted/bench", engine=ScriptedEngine(cursor, "sub", "scripted/bench", stop),
+                  cache=False, num_retries=0)  # fmt: skip
+    program = dspy.RLM(TurnSignature, max_iters=12, max_llm_calls=30, max_output_chars=10000, sub_lm=sub)
+    with dspy.context(lm=root, track_usage=True, trace=[], disable_history=True):
+        prediction = program(
+            request="bench",
+            history=dspy.History(messages=[]),
+            skills=[],
+            attachments=[],
+            interpreter_factory=local_interpreter,
+        )
+    elapsed = time.perf_counter() - started
+    if str(prediction.answer) != "forty-two 42":
+        raise RuntimeError(f"the baseline Turn answered {prediction.answer!r}")
+    return elapsed
+
+
+def run(*, quick: bool = False, repeats: int | None = None, warmup: int | None = None) -> dict[str, Any]:
+    repeats = repeats if repeats is not None else (10 if quick else 60)
+    warmup = warmup if warmup is not None else (2 if quick else 5)
+    receipt = Receipt(
+        "turn",
+        {"repeats": repeats, "warmup": warmup, "script": "plain cell, llm_query, SUBMIT; delay 0",
+         "workers": 1, "worker_concurrency": 4},
+        baseline="the same dspy.RLM program in-process with dspy LocalInterpreter (the floor)",
+    )  # fmt: skip
+    first_bytes: list[float] = []
+    first_frames: list[float] = []
+    with fleet_stack.stack(script=SCRIPT) as st:
+        st.start(workers=1)
+        st.wait_workers_ready(1)
+
+        def subject() -> float:
+            session = fleet_stack.new_session(st.url)
+            result = fleet_stack.post_turn(st.port, session)
+            if not result.done or b'"finishReason":"stop"' not in result.raw:
+                raise RuntimeError(f"the Turn did not finish: {result.raw[-600:]!r}\n{st.logs()}")
+            first_bytes.append(result.first_byte_s)
+            if result.first_frame_s is not None:
+                first_frames.append(result.first_frame_s)
+            return result.end_s
+
+        samples = interleave(
+            {"fleet": subject, "floor": lambda: baseline_turn(st.script_path)}, warmup=warmup, repeats=repeats
+        )
+    # The warm-up samples of the first-byte lists are dropped with the rest of the warm-up.
+    first_bytes, first_frames = first_bytes[warmup:], first_frames[warmup:]
+    end_to_end = compared(samples["fleet"], samples["floor"])
+    receipt.figures = {
+        "end_to_end": end_to_end,
+        "first_byte": summary(first_bytes),
+        "first_frame": summary(first_frames),
+        "overhead_p50_ms": round(end_to_end["subject"]["p50_ms"] - end_to_end["baseline"]["p50_ms"], 3),
+    }
+    receipt.ratios = {"end_to_end_vs_floor": {k: v for k, v in end_to_end.items() if k.startswith("ratio")}}
+    floor = end_to_end["baseline"]["p50_ms"]
+    fleet_p50 = end_to_end["subject"]["p50_ms"]
+    limit = 1.3 * floor + 20
+    receipt.goals = [
+        goal("end_to_end", "p50 ≤ 1.3 x floor + 20 ms", {"p50_ms": fleet_p50, "limit_ms": round(limit, 3)},
+             fleet_p50 <= limit),
+        goal("first_byte", "p50 ≤ 3 ms", {"p50_ms": summary(first_bytes).get("p50_ms")},
+             summary(first_bytes).get("p50_ms", 1e9) <= 3.0),
+    ]  # fmt: skip
+    receipt.notes.append(
+        "first_byte: from just before the POST is written on a raw socket to the first response "
+        "byte (headers); first_frame: to the first `data:` frame. One fresh session per sample."
+    )
+    body, path = receipt.write()
+    body["receipt_path"] = str(path)
+    return body

@@ -1,0 +1,306 @@
+/** The chat: pi-tui layout, keys, the active Turn, and session state. */
+
+import type { AttachmentInfo, FleetApi, SkillSelection } from "./api.js";
+import { parseCommand, type Command } from "./commands.js";
+import { InfoLine, NoticeComponent, TurnComponent, type Display, type NoticeTone } from "./components.js";
+import { describeError } from "./errors.js";
+import { turnsFromHistory, type HistoryMessage } from "./history.js";
+import { runCommand } from "./session-commands.js";
+import { style } from "./theme.js";
+import { runTurn, type Backoff, type RunnerEvent } from "./turn-runner.js";
+import { emptyTurn, type Artifact, type TurnView } from "./turn-view.js";
+import { Container, Editor, Key, Loader, TUI, editorTheme, matchesKey, type Terminal } from "./ui.js";
+
+export interface AppOptions {
+  readonly api: FleetApi;
+  readonly terminal: Terminal;
+  readonly sessionId?: string;
+  readonly backoff?: Backoff;
+  readonly idleTimeoutMs?: number;
+}
+
+interface ActiveTurn {
+  readonly abort: AbortController;
+  readonly component: TurnComponent;
+  runId?: string;
+  cancelRequested: boolean;
+}
+
+export class App {
+  readonly tui: TUI;
+  readonly display: Display = { expanded: false, foldAt: 8 };
+  sessionId: string | undefined;
+  sessionTitle: string | null = null;
+  readonly skills: (SkillSelection & { name: string })[] = [];
+  pendingAttachments: AttachmentInfo[] = [];
+  lastListedSessions: string[] = [];
+  private readonly chat = new Container();
+  private readonly statusArea = new Container();
+  private readonly info = new InfoLine();
+  private readonly editor: Editor;
+  private loader: Loader | undefined;
+  private active: ActiveTurn | undefined;
+  private readonly turns: TurnComponent[] = [];
+  private exitResolve: ((code: number) => void) | undefined;
+  private exiting = false;
+
+  constructor(private readonly options: AppOptions) {
+    this.tui = new TUI(options.terminal);
+    this.editor = new Editor(this.tui, editorTheme);
+    this.editor.onSubmit = (text) => void this.submit(text);
+    this.tui.addChild(this.chat);
+    this.tui.addChild(this.statusArea);
+    this.tui.addChild(this.editor);
+    this.tui.addChild(this.info);
+    this.tui.setFocus(this.editor);
+    this.tui.addInputListener((data) => this.onKey(data));
+  }
+
+  get api(): FleetApi {
+    return this.options.api;
+  }
+
+  /** Starts the UI and opens the session; resolves with the exit code when the user quits. */
+  async run(): Promise<number> {
+    const exited = new Promise<number>((resolve) => (this.exitResolve = resolve));
+    this.tui.start();
+    try {
+      if (this.options.sessionId) await this.openSession(this.options.sessionId);
+      else await this.newSession();
+      this.notice(`fleet · ${this.api.baseUrl}`, ["Type a prompt and press Enter. /help lists the commands; Esc or Ctrl+C cancels a running Turn."]);
+    } catch (error) {
+      this.notice("could not open a session", [describeError(error), "Use /new or /resume <id> once the gateway answers."], "error");
+    }
+    return exited;
+  }
+
+  exit(code = 0): void {
+    if (this.exiting) return;
+    this.exiting = true;
+    this.active?.abort.abort();
+    this.loader?.stop();
+    this.tui.stop();
+    this.exitResolve?.(code);
+  }
+
+  notice(title: string, body: readonly string[] = [], tone: NoticeTone = "info"): void {
+    this.chat.addChild(new NoticeComponent(this.display, title, body, tone));
+    this.refresh();
+  }
+
+  /** Every artifact the Turns on screen announced, newest last. */
+  artifacts(): Artifact[] {
+    const seen = new Map<string, Artifact>();
+    for (const turn of this.turns) for (const a of turn.current.artifacts) seen.set(a.artifactId, a);
+    return [...seen.values()];
+  }
+
+  async newSession(): Promise<void> {
+    const session = await this.api.createSession();
+    this.resetChat();
+    this.sessionId = session.id;
+    this.sessionTitle = session.title;
+    this.notice(`new session ${session.id}`);
+  }
+
+  async openSession(id: string): Promise<void> {
+    const session = await this.api.getSession(id);
+    const messages: HistoryMessage[] = [];
+    for (let after: number | null = 0; after !== null; ) {
+      const page = await this.api.historyPage(id, after);
+      messages.push(...page.items);
+      after = page.next_after_sequence;
+    }
+    this.resetChat();
+    this.sessionId = session.id;
+    this.sessionTitle = session.title;
+    this.notice(`session ${session.id}${session.title ? ` · ${session.title}` : ""}`, [`${messages.length} message(s) of history`]);
+    for (const view of turnsFromHistory(messages)) this.addTurn(view);
+    this.refresh();
+  }
+
+  /** Requests cancellation of the running Turn (Esc, /cancel). */
+  async cancel(): Promise<void> {
+    const active = this.active;
+    if (!active) {
+      this.notice("no Turn is running");
+      return;
+    }
+    active.cancelRequested = true;
+    if (!active.runId) {
+      this.setStatus("cancel requested; waiting for the gateway to name the Run… (Ctrl+C again quits)");
+      this.refresh();
+      return;
+    }
+    try {
+      const answer = await this.api.cancelRun(active.runId);
+      this.setStatus(`cancel ${answer.state.replace(/_/g, " ")}; waiting for the abort… (Ctrl+C again quits)`);
+      this.refresh();
+    } catch (error) {
+      this.notice("cancel failed", [describeError(error)], "error");
+    }
+  }
+
+  refresh(): void {
+    this.info.text = this.infoText();
+    this.tui.requestRender();
+  }
+
+  private resetChat(): void {
+    this.chat.clear();
+    this.turns.length = 0;
+    this.tui.requestRender(true);
+  }
+
+  private addTurn(view: TurnView): TurnComponent {
+    const component = new TurnComponent(this.display, view);
+    this.turns.push(component);
+    this.chat.addChild(component);
+    return component;
+  }
+
+  private onKey(data: string): { consume: boolean } | undefined {
+    if (matchesKey(data, Key.escape) && this.active) {
+      void this.cancel();
+      return { consume: true };
+    }
+    if (matchesKey(data, Key.ctrl("o"))) {
+      this.display.expanded = !this.display.expanded;
+      this.tui.invalidate();
+      this.refresh();
+      return { consume: true };
+    }
+    if (matchesKey(data, Key.ctrl("c"))) {
+      // The first Ctrl+C cancels a running Turn (like Esc); a second one, or one when idle, quits.
+      if (this.active && !this.active.cancelRequested) void this.cancel();
+      else this.exit(0);
+      return { consume: true };
+    }
+    if (matchesKey(data, Key.ctrl("d")) && this.editor.getText() === "") {
+      this.exit(0);
+      return { consume: true };
+    }
+    return undefined;
+  }
+
+  private async submit(line: string): Promise<void> {
+    const command = parseCommand(line);
+    if (line.trim()) this.editor.addToHistory(line);
+    try {
+      await this.dispatch(command);
+    } catch (error) {
+      this.notice(`${line.trim().split(/\s/)[0]} failed`, [describeError(error)], "error");
+    }
+    this.refresh();
+  }
+
+  private async dispatch(command: Command): Promise<void> {
+    switch (command.kind) {
+      case "prompt":
+        if (command.text) await this.prompt(command.text);
+        return;
+      case "exit":
+        this.exit(0);
+        return;
+      case "cancel":
+        await this.cancel();
+        return;
+      default:
+        await runCommand(this, command);
+    }
+  }
+
+  private async prompt(text: string): Promise<void> {
+    if (this.active) {
+      this.notice("a Turn is still running: wait for it, or press Esc to cancel it", [], "error");
+      return;
+    }
+    if (!this.sessionId) {
+      this.notice("no session yet: /new or /resume <id>", [], "error");
+      return;
+    }
+    const body = { text, attachment_ids: this.pendingAttachments.map((a) => a.id), skill_selections: this.skills.map(({ id, expected_version }) => ({ id, expected_version })) };
+    const component = this.addTurn(emptyTurn(text));
+    const active: ActiveTurn = { abort: new AbortController(), component, cancelRequested: false };
+    this.active = active;
+    this.startLoader("sending…");
+    try {
+      const view = await runTurn({
+        api: this.api,
+        sessionId: this.sessionId,
+        body,
+        signal: active.abort.signal,
+        ...(this.options.backoff ? { backoff: this.options.backoff } : {}),
+        ...(this.options.idleTimeoutMs ? { idleTimeoutMs: this.options.idleTimeoutMs } : {}),
+        onView: (next) => this.onView(active, next),
+        onEvent: (event) => this.onRunnerEvent(active, event),
+      });
+      component.update(view);
+      this.pendingAttachments = [];
+    } catch (error) {
+      if (!active.abort.signal.aborted) this.notice("the Turn's stream failed", [describeError(error)], "error");
+    } finally {
+      if (this.active === active) this.active = undefined;
+      this.stopLoader();
+      this.refresh();
+    }
+  }
+
+  private onView(active: ActiveTurn, view: TurnView): void {
+    active.component.update(view);
+    if (view.runId && !active.runId) this.onRunId(active, view.runId);
+    if (view.status) this.setStatus(`${view.status.phase}${view.status.detail ? ` · ${view.status.detail}` : ""}`);
+    this.refresh();
+  }
+
+  private onRunnerEvent(active: ActiveTurn, event: RunnerEvent): void {
+    switch (event.kind) {
+      case "posted":
+        this.onRunId(active, event.runId);
+        this.setStatus(`run ${event.runId.slice(0, 8)} · queued`);
+        return;
+      case "retrying-post":
+        this.setStatus(`gateway unreachable (${event.error}); retrying the same request in ${event.delayMs} ms (attempt ${event.attempt})`);
+        return;
+      case "reconnecting":
+        this.setStatus(`stream dropped (${event.reason}); resuming in ${event.delayMs} ms (attempt ${event.attempt})`);
+        return;
+      case "resumed":
+        this.setStatus(`resumed after ${event.lastEventId ?? "the start"}`);
+        return;
+    }
+  }
+
+  private onRunId(active: ActiveTurn, runId: string): void {
+    if (active.runId) return;
+    active.runId = runId;
+    if (active.cancelRequested) void this.cancel();
+  }
+
+  private startLoader(message: string): void {
+    this.stopLoader();
+    this.loader = new Loader(this.tui, style.cyan, style.gray, message);
+    this.statusArea.addChild(this.loader);
+    this.loader.start();
+  }
+
+  private setStatus(message: string): void {
+    this.loader?.setMessage(message);
+  }
+
+  private stopLoader(): void {
+    if (!this.loader) return;
+    this.loader.stop();
+    this.statusArea.clear();
+    this.loader = undefined;
+  }
+
+  private infoText(): string {
+    const parts = [this.sessionId ? `session ${this.sessionId}` : "no session"];
+    if (this.skills.length) parts.push(`skills: ${this.skills.map((s) => s.name).join(", ")}`);
+    if (this.pendingAttachments.length) parts.push(`${this.pendingAttachments.length} attachment(s) for the next Turn`);
+    const keys = !this.active ? "/help · ctrl+c quit" : this.active.cancelRequested ? "cancelling · ctrl+c quit" : "esc/ctrl+c cancel";
+    parts.push(keys, `ctrl+o ${this.display.expanded ? "fold" : "expand"}`);
+    return parts.join(" · ");
+  }
+}

@@ -1,0 +1,112 @@
+/** The slash commands: a pure parser from an input line to a `Command`, and their help text. */
+
+export type Command =
+  | { readonly kind: "prompt"; readonly text: string }
+  | { readonly kind: "help" }
+  | { readonly kind: "new" }
+  | { readonly kind: "sessions"; readonly search?: string }
+  | { readonly kind: "resume"; readonly sessionId: string }
+  | { readonly kind: "rename"; readonly title: string }
+  | { readonly kind: "task" }
+  | { readonly kind: "cancel" }
+  | { readonly kind: "exit" }
+  | { readonly kind: "skills"; readonly query?: string }
+  | { readonly kind: "skill"; readonly name: string }
+  | { readonly kind: "skill-clear" }
+  | { readonly kind: "attach"; readonly path: string }
+  | { readonly kind: "attach-list" }
+  | { readonly kind: "attach-clear" }
+  | { readonly kind: "files"; readonly path: string }
+  | { readonly kind: "file"; readonly path: string }
+  | { readonly kind: "artifacts" }
+  | { readonly kind: "artifact"; readonly id: string; readonly localPath: string }
+  | { readonly kind: "invalid"; readonly message: string };
+
+export const COMMAND_HELP: readonly (readonly [string, string])[] = [
+  ["/help", "this list"],
+  ["/new", "start a new session"],
+  ["/sessions [search]", "list sessions, newest first"],
+  ["/resume <id>", "continue a session and load its history"],
+  ["/rename <title>", "rename this session"],
+  ["/task", "this session's goal and progress checkpoint"],
+  ["/cancel", "cancel the running Turn (also Esc, or Ctrl+C)"],
+  ["/skills [query]", "list skill cards"],
+  ["/skill <name|clear>", "select a skill for the next Turns, or clear the selection"],
+  ["/attach <path>|list|clear", "upload a file for the next Turn; list or clear pending ones"],
+  ["/files [path]", "list this session's workspace files"],
+  ["/file <path>", "show a workspace file"],
+  ["/artifacts", "artifacts this session's Turns produced"],
+  ["/artifact <id> <local-path>", "download an artifact (Content-Length and sha256 checked)"],
+  ["/exit", "quit (also Ctrl+C when no Turn runs or twice, Ctrl+D on an empty line)"],
+];
+
+/** `//text` sends `/text` as a prompt; any other line starting with `/` is a command. */
+export function parseCommand(line: string): Command {
+  const text = line.trim();
+  if (text.startsWith("//")) return { kind: "prompt", text: text.slice(1) };
+  if (!text.startsWith("/")) return { kind: "prompt", text };
+  const match = /^\/(\S+)\s*([\s\S]*)$/.exec(text);
+  const name = (match?.[1] ?? "").toLowerCase();
+  const rest = (match?.[2] ?? "").trim();
+  const none = (command: Command): Command => (rest ? invalid(`/${name} takes no argument`) : command);
+  switch (name) {
+    case "help":
+    case "?":
+      return { kind: "help" };
+    case "new":
+      return none({ kind: "new" });
+    case "sessions":
+      return rest ? { kind: "sessions", search: rest } : { kind: "sessions" };
+    case "resume":
+      return rest && !/\s/.test(rest) ? { kind: "resume", sessionId: rest } : invalid("usage: /resume <session id>");
+    case "rename":
+      return rest ? { kind: "rename", title: rest } : invalid("usage: /rename <title>");
+    case "task":
+      return none({ kind: "task" });
+    case "cancel":
+      return none({ kind: "cancel" });
+    case "exit":
+    case "quit":
+      return none({ kind: "exit" });
+    case "skills":
+      return rest ? { kind: "skills", query: rest } : { kind: "skills" };
+    case "skill":
+      if (!rest) return invalid("usage: /skill <name|clear>");
+      return rest === "clear" ? { kind: "skill-clear" } : { kind: "skill", name: rest };
+    case "attach":
+      if (!rest) return invalid("usage: /attach <path>|list|clear");
+      if (rest === "list") return { kind: "attach-list" };
+      if (rest === "clear") return { kind: "attach-clear" };
+      return { kind: "attach", path: unquote(rest) };
+    case "files":
+      return { kind: "files", path: unquote(rest) };
+    case "file":
+      return rest ? { kind: "file", path: unquote(rest) } : invalid("usage: /file <path>");
+    case "artifacts":
+      return none({ kind: "artifacts" });
+    case "artifact": {
+      const args = splitArgs(rest);
+      const [id, localPath] = args;
+      return args.length === 2 && id && localPath ? { kind: "artifact", id, localPath } : invalid("usage: /artifact <id> <local-path>");
+    }
+    default:
+      return invalid(`unknown command /${name}; /help lists them (start with // to send a line beginning with /)`);
+  }
+}
+
+function invalid(message: string): Command {
+  return { kind: "invalid", message };
+}
+
+/** Splits on spaces; "double" or 'single' quotes keep spaces inside one argument. */
+export function splitArgs(text: string): string[] {
+  const args: string[] = [];
+  const pattern = /"([^"]*)"|'([^']*)'|(\S+)/g;
+  for (let m = pattern.exec(text); m; m = pattern.exec(text)) args.push(m[1] ?? m[2] ?? m[3] ?? "");
+  return args;
+}
+
+function unquote(text: string): string {
+  const m = /^(["'])(.*)\1$/.exec(text);
+  return m ? (m[2] ?? "") : text;
+}

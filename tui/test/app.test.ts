@@ -1,0 +1,110 @@
+/** The App's keys in a virtual terminal, against an in-process fake gateway (no network). */
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { FleetApi, type FetchLike } from "../src/api.ts";
+import { App } from "../src/app.ts";
+import { VirtualTerminal } from "./e2e/virtual-terminal.ts";
+import { sseOf } from "./helpers.ts";
+
+const RUN_ID = "run-1";
+const CTRL_C = "\x03";
+const ESC = "\x1b";
+
+/** A gateway with one session whose Turn streams a step and then waits; a cancel may end it. */
+function fakeGateway(options: { abortOnCancel: boolean }) {
+  const calls: string[] = [];
+  let turn: ReadableStreamDefaultController<Uint8Array> | undefined;
+  const encoder = new TextEncoder();
+  const json = (body: unknown): Response => new Response(JSON.stringify(body), { headers: { "content-type": "application/json" } });
+  const fetcher: FetchLike = async (url, init) => {
+    const method = init?.method ?? "GET";
+    const path = new URL(url).pathname;
+    calls.push(`${method} ${path}`);
+    if (method === "POST" && path === "/api/sessions") return json({ id: "session-1", title: null, status: "idle" });
+    if (method === "POST" && path === "/api/sessions/session-1/turns") {
+      const body = new ReadableStream<Uint8Array>({
+        start(controller) {
+          turn = controller;
+          const frames = [
+            { id: "0.0.1", data: { type: "start", messageId: RUN_ID, messageMetadata: { runId: RUN_ID } } },
+            { id: "1.0", data: { type: "start-step" } },
+            { id: "2.0", data: { type: "reasoning-start", id: "r1" } },
+            { id: "2.1", data: { type: "reasoning-delta", id: "r1", delta: "Thinking slowly." } },
+            { id: "2.2", data: { type: "reasoning-end", id: "r1" } },
+          ];
+          controller.enqueue(encoder.encode(sseOf(frames, false)));
+          init?.signal?.addEventListener("abort", () => controller.error(init.signal?.reason));
+        },
+      });
+      return new Response(body, { headers: { "content-type": "text/event-stream", "x-fleet-run-id": RUN_ID } });
+    }
+    if (method === "PUT" && path === `/api/runs/${RUN_ID}/cancellation`) {
+      if (options.abortOnCancel) {
+        setTimeout(() => {
+          turn?.enqueue(encoder.encode(sseOf([{ id: "3.0", data: { type: "abort", reason: "Turn cancelled" } }])));
+          turn?.close();
+        }, 20);
+      }
+      return json({ run_id: RUN_ID, state: "requested" });
+    }
+    return new Response(JSON.stringify({ code: "not_found", message: "Not Found" }), { status: 404 });
+  };
+  return { calls, api: new FleetApi("http://fake.invalid", undefined, fetcher) };
+}
+
+async function open(abortOnCancel: boolean) {
+  const gateway = fakeGateway({ abortOnCancel });
+  const term = new VirtualTerminal(100, 40);
+  const app = new App({ api: gateway.api, terminal: term });
+  let code: number | undefined;
+  const exited = app.run().then((c) => (code = c));
+  await term.waitFor("the session", (s) => s.includes("new session session-1") && s.includes("/help lists the commands"), 5_000);
+  return { ...gateway, term, exited, code: () => code };
+}
+
+async function startTurn(term: VirtualTerminal): Promise<void> {
+  term.type("go slow");
+  term.type("\r");
+  await term.waitFor("the first step", (s) => s.includes("Thinking slowly.") && s.includes("esc/ctrl+c cancel"), 5_000);
+}
+
+const settle = (): Promise<void> => new Promise((r) => setTimeout(r, 50));
+
+test("Ctrl+C during a Turn cancels it (like Esc); the client keeps running", async () => {
+  const { calls, term, exited, code } = await open(true);
+  await startTurn(term);
+  term.type(CTRL_C);
+  await term.waitFor("the abort", (s) => s.includes("■ Turn cancelled"), 5_000);
+  await settle();
+  assert.equal(code(), undefined, "the first Ctrl+C does not quit");
+  assert.deepEqual(calls.filter((c) => c.startsWith("PUT")), [`PUT /api/runs/${RUN_ID}/cancellation`]);
+  await term.waitFor("the idle info line", (s) => s.includes("ctrl+c quit"), 5_000);
+  term.type(CTRL_C); // idle now: quits
+  await exited;
+  assert.equal(code(), 0);
+});
+
+test("a second Ctrl+C while the cancel is pending quits", async () => {
+  const { calls, term, exited, code } = await open(false);
+  await startTurn(term);
+  term.type(CTRL_C);
+  await term.waitFor("the pending cancel", (s) => s.includes("Ctrl+C again quits"), 5_000);
+  assert.equal(code(), undefined);
+  term.type(CTRL_C);
+  await exited;
+  assert.equal(code(), 0);
+  assert.equal(calls.filter((c) => c.startsWith("PUT")).length, 1, "one cancellation request");
+});
+
+test("Esc cancels; Ctrl+C when no Turn runs quits at once", async () => {
+  const { calls, term, exited, code } = await open(true);
+  await startTurn(term);
+  term.type(ESC);
+  await term.waitFor("the abort", (s) => s.includes("■ Turn cancelled"), 5_000);
+  assert.equal(code(), undefined);
+  assert.equal(calls.filter((c) => c.startsWith("PUT")).length, 1);
+  term.type(CTRL_C);
+  await exited;
+  assert.equal(code(), 0);
+});

@@ -1,0 +1,75 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { foldHint, foldLines } from "../src/fold.ts";
+import { highlightPython } from "../src/highlight.ts";
+import { turnsFromHistory } from "../src/history.ts";
+import { reduceFrames } from "../src/reducer.ts";
+import { renderTurn, type RenderOptions } from "../src/render.ts";
+import { stripAnsi } from "../src/theme.ts";
+import { emptyTurn } from "../src/turn-view.ts";
+import { visibleWidth } from "../src/ui.ts";
+import { fixture, fixtureFrames, framesOf, sseOf } from "./helpers.ts";
+
+const plainMarkdown = (_id: string, text: string): string[] => text.split("\n");
+const options = (expanded: boolean): RenderOptions => ({ expanded, foldAt: 8, markdown: plainMarkdown });
+
+test("folding keeps the first lines and says how many are hidden", () => {
+  const lines = Array.from({ length: 30 }, (_, i) => `line ${i}`);
+  assert.deepEqual(foldLines(lines, 8, false), { lines: lines.slice(0, 7), hidden: 23 });
+  assert.deepEqual(foldLines(lines, 8, true), { lines, hidden: 0 });
+  assert.deepEqual(foldLines(lines.slice(0, 8), 8, false), { lines: lines.slice(0, 8), hidden: 0 });
+  assert.equal(foldHint(1), "… 1 more line (ctrl+o to expand)");
+});
+
+test("a long cell output is folded until expanded; no line is wider than the terminal", async () => {
+  const stdout = Array.from({ length: 40 }, (_, i) => `row ${i} ${"x".repeat(i * 3)}`).join("\n");
+  const frames = await framesOf(
+    sseOf([
+      { id: "0.0.1", data: { type: "start", messageId: "r" } },
+      { id: "1.0", data: { type: "tool-input-available", toolCallId: "c1", toolName: "python", input: { code: "for i in range(40):\n    print(i)" }, dynamic: true } },
+      { id: "2.0", data: { type: "tool-output-available", toolCallId: "c1", output: { stdout, truncated: true }, dynamic: true } },
+      { id: "3.0", data: { type: "tool-output-error", toolCallId: "c2", errorText: "late" } },
+    ]),
+  );
+  const view = reduceFrames(emptyTurn("print rows"), frames);
+  for (const width of [20, 60, 120]) {
+    for (const expanded of [false, true]) {
+      for (const line of renderTurn(view, width, options(expanded))) assert.ok(visibleWidth(line) <= width, `${width}: ${stripAnsi(line)}`);
+    }
+  }
+  const folded = renderTurn(view, 120, options(false)).map(stripAnsi);
+  assert.ok(folded.some((l) => /… \d+ more lines \(ctrl\+o to expand\)/.test(l)), folded.join("\n"));
+  assert.ok(!folded.some((l) => l.includes("row 39")));
+  const expanded = renderTurn(view, 120, options(true)).map(stripAnsi);
+  assert.ok(expanded.some((l) => l.includes("row 39")));
+  assert.ok(expanded.some((l) => l.includes("[output truncated by the sandbox]")));
+});
+
+test("a finished Turn renders reasoning, cells, sub-LM calls, the answer and the footer", async () => {
+  const view = reduceFrames(emptyTurn("write me a reply"), await fixtureFrames("answer-artifact.sse"));
+  const text = renderTurn(view, 100, options(false)).map(stripAnsi).join("\n");
+  for (const expected of ["› write me a reply", "· step 1", "Measure the request first.", "┌ python cell-1", "│ words = request.split()", "└ 4 words", "↳ llm_query Reply in one line to: write me a reply", "⇒ Hello from the scripted sub-LM.", "## Scripted answer", "artifact reply.md 32 B text/markdown", "usage: 2 iterations"]) {
+    assert.ok(text.includes(expected), `missing ${expected}\n${text}`);
+  }
+  const cancelled = renderTurn(reduceFrames(emptyTurn("cancel"), await fixtureFrames("cancelled.sse")), 100, options(false)).map(stripAnsi).join("\n");
+  assert.ok(cancelled.includes("■ Turn cancelled"));
+});
+
+test("history renders like the live stream", async () => {
+  const [fromHistory] = turnsFromHistory(JSON.parse(fixture("demo-turns.json")).items);
+  const live = reduceFrames(emptyTurn("hello from the fixture"), await fixtureFrames("demo-live.sse"));
+  assert.ok(fromHistory);
+  const render = (v: typeof live) => renderTurn(v, 100, options(false)).map(stripAnsi);
+  assert.deepEqual(render(fromHistory), render(live));
+  const turns = turnsFromHistory(JSON.parse(fixture("cancel-turns.json")).items);
+  assert.deepEqual(turns.map((t) => t.outcome), ["finished", "cancelled"]);
+  assert.ok(!turns[1]!.parts.some((p) => p.kind === "text"), "the tombstone text is shown as the abort line only");
+});
+
+test("the Python highlighter keeps the text and one entry per line", () => {
+  const code = "def f(x):  # add\n    return x + 1.5 if x else 'no'\n\"\"\"doc\nstring\"\"\"";
+  const lines = highlightPython(code);
+  assert.equal(lines.length, 4);
+  assert.equal(lines.map(stripAnsi).join("\n"), code);
+  assert.ok(lines[0]!.includes("\x1b[35mdef\x1b[39m"));
+});
