@@ -214,10 +214,32 @@ def run_gateway(
             workers=workers,
             # Granian waits for open connections before it stops; SSE streams would hold it forever.
             workers_kill_timeout=settings.profile.gateway.shutdown_grace_seconds,
+            backlog=2048,
+            backpressure=open_files_for(settings.profile.gateway.max_concurrent_requests),
             log_access=False,
             log_dictconfig=GRANIAN_LOGS_THROUGH_STRUCTLOG,
         ).serve()
     return 0
+
+
+# Descriptors a gateway process needs besides its client connections (Redis, DB, logs, Python).
+SPARE_FILES = 256
+
+
+def open_files_for(connections: int) -> int:
+    """Raise this process's open-files limit (Granian's processes inherit it) toward what
+    `connections` need, and return how many connections it allows: a stream past the limit would
+    fail to be accepted instead of waiting."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + SPARE_FILES
+    ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < ceiling:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+        soft = ceiling
+    allowed = connections if soft == resource.RLIM_INFINITY else soft - SPARE_FILES
+    return max(64, min(connections, allowed))
 
 
 def run_worker(

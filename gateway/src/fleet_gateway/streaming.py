@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fleet_gateway.fanout import Closing, EventFanout
+from fleet_gateway.fanout import Closing, EventFanout, Notice
 from fleet_gateway.frames import DONE_FRAME, START, Position, content_frame, control_frame
 from fleet_gateway.metrics import ACTIVE_STREAMS
 from fleet_gateway.projection import (
@@ -198,26 +198,64 @@ async def follow_live(
             wait = deps.heartbeat_seconds - (now - last_sent)
             if faults:
                 wait = min(wait, reconnect_delay(faults))
-            try:
-                notice = await asyncio.wait_for(queue.get(), timeout=max(0.0, min(wait, deadline - now)))
-            except TimeoutError:
-                read_log = True  # cheap, and catches anything a lost notice hid
-                if loop.time() - last_sent >= deps.heartbeat_seconds:
-                    beats += 1
-                    # Every few beats, or every beat while Redis is away: did the Run end meanwhile?
-                    check_db = faults > 0 or beats % DB_CHECK_EVERY_BEATS == 0
-                    yield cursor.control(heartbeat_chunk(state))
-                    last_sent = loop.time()
-                continue
-            if isinstance(notice, Closing):
+            notices = drain(queue)
+            if not notices:
+                try:
+                    # asyncio.timeout, not wait_for: no Task and timer per event per stream.
+                    async with asyncio.timeout(max(0.0, min(wait, deadline - now))):
+                        notices = [await queue.get()]
+                except TimeoutError:
+                    read_log = True  # cheap, and catches anything a lost notice hid
+                    if loop.time() - last_sent >= deps.heartbeat_seconds:
+                        beats += 1
+                        # Every few beats, or every beat while Redis is away: did the Run end?
+                        check_db = faults > 0 or beats % DB_CHECK_EVERY_BEATS == 0
+                        yield cursor.control(heartbeat_chunk(state))
+                        last_sent = loop.time()
+                    continue
+                notices += drain(queue)
+            # Everything queued meanwhile goes out as one write: a busy Run costs one send per
+            # wake-up of this stream, not one per event.
+            applied = apply_notices(notices, state, cursor)
+            read_log = read_log or applied.gap
+            check_db = check_db or applied.resync
+            if applied.frames:
+                yield b"".join(applied.frames)
+                last_sent = loop.time()
+            if applied.closing:
                 return
-            if notice is not None and notice.seq == state.projected_seq + 1:
-                for data in emit([notice], state, cursor):
-                    yield data
-                    last_sent = loop.time()
-            else:  # a resync after the fan-out reconnected, or a gap: read the log, ask the DB
-                read_log = True
-                check_db = check_db or notice is None
+
+
+@dataclass
+class Applied:
+    frames: list[bytes]
+    closing: bool = False  # the gateway is stopping: end the stream (the client resumes)
+    gap: bool = False  # a notice out of order: read the log
+    resync: bool = False  # the fan-out reconnected: read the log and ask the DB
+
+
+def apply_notices(notices: list[Notice], state: StreamState, cursor: Cursor) -> Applied:
+    applied = Applied(frames=[])
+    for notice in notices:
+        if isinstance(notice, Closing):
+            applied.closing = True
+            break
+        if notice is not None and notice.seq == state.projected_seq + 1:
+            applied.frames.extend(emit([notice], state, cursor))
+        else:
+            applied.gap = True
+            applied.resync = applied.resync or notice is None
+    return applied
+
+
+def drain(queue: asyncio.Queue[Notice]) -> list[Notice]:
+    """What is queued now, without waiting."""
+    items: list[Notice] = []
+    while True:
+        try:
+            items.append(queue.get_nowait())
+        except asyncio.QueueEmpty:
+            return items
 
 
 def reconnect_delay(faults: int) -> float:

@@ -131,6 +131,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         redis_settings=queue_settings(settings),
         queue_name=queue,
         max_jobs=concurrency,
+        poll_delay=settings.profile.worker.poll_delay_seconds,
         job_serializer=serialize_job,
         job_deserializer=deserialize_job,
         on_startup=startup,

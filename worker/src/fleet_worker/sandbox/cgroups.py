@@ -102,6 +102,17 @@ class Cgroup:
         return False
 
 
+# A REPL group this old with no live owner is a crashed worker's leftover.
+SWEEP_AFTER_SECONDS = 60.0
+
+
+def owner_alive(name: str) -> bool:
+    """Whether the worker that named this group `repl-<pid>-<id>` still runs (in our pid
+    namespace; a neighbour in another one is protected by the age rule instead)."""
+    parts = name.split("-")
+    return len(parts) == 3 and parts[1].isdigit() and Path(f"/proc/{parts[1]}").exists()
+
+
 class Cgroups:
     """Creates REPL cgroups, or knows it cannot (`mode == "none"`, with the reason)."""
 
@@ -147,17 +158,22 @@ class Cgroups:
             return cls((), 0, f"no sandbox cgroup prepared by a worker ({view.needs or view.summary})")
         return cls(view.prepared, view.version)
 
-    def sweep(self) -> None:
+    def sweep(self, now: float | None = None) -> None:
         """Remove REPL cgroups a crashed worker left behind. Only empty ones go (rmdir refuses
-        a cgroup with processes), so a live neighbour sharing the base keeps its own."""
+        a cgroup with processes), and never one whose worker is alive or that is younger than
+        SWEEP_AFTER_SECONDS: a neighbour's group is empty between its mkdir and its REPL joining
+        it, and removing it then failed that neighbour's REPL start (two workers starting at once)."""
+        cutoff = (time.time() if now is None else now) - SWEEP_AFTER_SECONDS
         for base in self.bases:
             with contextlib.suppress(OSError):
                 for stale in base.glob("repl-*"):
                     with contextlib.suppress(OSError):
+                        if owner_alive(stale.name) or stale.stat().st_mtime > cutoff:
+                            continue
                         stale.rmdir()
 
     def create(self, limits: Limits) -> Cgroup:
-        name = f"repl-{uuid.uuid4().hex[:12]}"
+        name = f"repl-{os.getpid()}-{uuid.uuid4().hex[:12]}"  # the owner's pid: see sweep
         if self.version == 1:
             dirs = tuple(base / name for base in self.bases)
             for directory in dirs:
