@@ -10,16 +10,21 @@ No worker runs: the Turn stays queued, and the bench holds its lease in the work
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import relay
 from bench import stack as fleet_stack
 from bench.harness import REPO, Receipt, goal, summary
 
@@ -93,12 +98,21 @@ def spawn_receiver(out: Path, events: int, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=REPO)
 
 
+@dataclass
+class Server:
+    """What the streams connect to: the gateway, or the relay baseline."""
+
+    name: str
+    port: int
+    pid: int
+    path: Callable[[str], str]  # run id -> the stream's path
+
+
 def one_level(
-    st: fleet_stack.Stack, streams: int, events: int, interval: float, hold: float
+    st: fleet_stack.Stack, server: Server, streams: int, *, events: int, interval: float, hold: float
 ) -> dict[str, Any]:
     from fleet_shared.redis_keys import events_channel
 
-    assert st.gateway is not None
     run_id = open_turn(st)
     tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-fanout-"))
     receivers: list[subprocess.Popen[str]] = []
@@ -114,8 +128,8 @@ def one_level(
             count = min(STREAMS_PER_CLIENT, remaining)
             out = tmp / f"streams-{len(outs)}.json"
             receivers.append(spawn_receiver(
-                out, events, "--port", str(st.port), "--run", run_id, "--streams", str(count),
-                "--hold-seconds", str(hold),
+                out, events, "--port", str(server.port), "--path", server.path(run_id),
+                "--streams", str(count), "--hold-seconds", str(hold),
             ))  # fmt: skip
             outs.append(out)
             remaining -= count
@@ -125,9 +139,9 @@ def one_level(
             line = proc.stdout.readline().split()
             if proc is not raw:
                 held += int(line[1]) if len(line) == 2 and line[0] == "ready" else 0
-        gateway = fleet_stack.process_tree(st.gateway.pid)
-        rss = fleet_stack.rss_bytes(gateway)
-        cpu = asyncio.run(publish(st.redis_url, run_id, events, interval, gateway))
+        tree = fleet_stack.process_tree(server.pid)
+        rss = fleet_stack.rss_bytes(tree)
+        cpu = asyncio.run(publish(st.redis_url, run_id, events, interval, tree))
         for proc in receivers:
             try:
                 proc.wait(timeout=90)
@@ -144,12 +158,11 @@ def one_level(
     finally:
         for proc in receivers:
             fleet_stack.stop_group(proc)  # type: ignore[arg-type]
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     sse, base = summary(latencies), summary(raw_result["latencies"])
     busy = max(0.0, cpu["cpu_s"] - cpu["idle_cpu_s"])
     return {
+        "server": server.name,
         "streams": streams,
         "held": held,
         "completed": completed,
@@ -160,12 +173,20 @@ def one_level(
         "raw": base,
         "ratio_p50": round(sse["p50_ms"] / base["p50_ms"], 3) if sse["n"] and base["n"] else None,
         "ratio_p99": round(sse["p99_ms"] / base["p99_ms"], 3) if sse["n"] and base["n"] else None,
-        "gateway_cpu_s": round(cpu["cpu_s"], 4),
-        "gateway_idle_cpu_s": round(cpu["idle_cpu_s"], 4),
-        "gateway_cpu_us_per_delivery": round(busy / len(latencies) * 1e6, 3) if latencies else None,
-        "gateway_rss_mb_held": round(rss / 2**20, 1),
-        "gateway_processes": len(gateway),
+        "cpu_s": round(cpu["cpu_s"], 4),
+        "idle_cpu_s": round(cpu["idle_cpu_s"], 4),
+        "cpu_us_per_delivery": round(busy / len(latencies) * 1e6, 3) if latencies else None,
+        "deliveries_per_cpu_s": round(len(latencies) / busy) if busy > 0 and latencies else None,
+        "rss_mb_held": round(rss / 2**20, 1),
+        "processes": len(tree),
     }
+
+
+def relay_ratio(fleet: dict[str, Any], relay: dict[str, Any] | None) -> float | None:
+    """fleet's deliveries per CPU-second over the relay's, at one level (None if not comparable)."""
+    if relay is None or not fleet["deliveries_per_cpu_s"] or not relay["deliveries_per_cpu_s"]:
+        return None
+    return round(float(fleet["deliveries_per_cpu_s"]) / float(relay["deliveries_per_cpu_s"]), 3)
 
 
 def run(
@@ -179,33 +200,56 @@ def run(
         "fanout",
         {"streams": list(levels), "events_per_level": events, "interval_s": interval, "hold_seconds": hold,
          "streams_per_client_process": STREAMS_PER_CLIENT, "gateway_workers": 1},
-        baseline="a raw redis-py pub/sub subscriber on the same channel (its own process)",
+        baseline="a raw redis-py pub/sub subscriber on the same channel (its own process); for throughput, "
+        "a minimal FastAPI + sse-starlette relay (bench/relay.py)",
     )  # fmt: skip
-    try:
-        import fastapi  # type: ignore[import-not-found]  # noqa: F401
-        import sse_starlette  # type: ignore[import-not-found]  # noqa: F401
-    except ImportError:
-        receipt.notes.append(
-            "relay baseline skipped: fastapi and sse-starlette are not importable (not in the project's "
-            "dependencies); the raw pub/sub subscriber is the only baseline in this receipt"
-        )
-    else:
-        receipt.notes.append("relay baseline: fastapi/sse-starlette import, but the relay is not built yet")
+    missing = relay.available()
+    if missing:
+        receipt.notes.append(f"relay baseline skipped: {missing}")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the gateway inherits it
-    results = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the servers inherit it
+    results: list[dict[str, Any]] = []
+    relayed: dict[int, dict[str, Any]] = {}
     with fleet_stack.stack(heartbeat_seconds=60) as st:
         st.start_redis()
         st.migrate()
         st.start_gateway()
         st.wait_ready(need_worker=False)
-        for streams_n in levels:
-            results.append(one_level(st, streams_n, events, interval, hold))
-    receipt.figures = {"levels": results}
+        assert st.gateway is not None
+        gateway = Server("gateway", st.port, st.gateway.pid, lambda run: f"/api/runs/{run}/stream")
+        relay_proc = None
+        if not missing:
+            from fleet_shared.redis_keys import events_channel
+
+            port = fleet_stack.free_port()
+            relay_proc = relay.start(
+                st.redis_url, events_channel(0), port, REPO, st.root / "logs" / "relay.log"
+            )
+        try:
+            measure = functools.partial(one_level, events=events, interval=interval, hold=hold)
+            for index, streams_n in enumerate(levels):
+                # The two servers take turns, first one then the other, so drift hits both.
+                order = ["gateway", "relay"] if index % 2 == 0 else ["relay", "gateway"]
+                for name in order:
+                    if name == "gateway":
+                        results.append(measure(st, gateway, streams_n))
+                    elif relay_proc is not None:
+                        server = Server("relay", port, relay_proc.pid, lambda run: f"/runs/{run}/stream")
+                        relayed[streams_n] = measure(st, server, streams_n)
+        finally:
+            if relay_proc is not None:
+                fleet_stack.stop_group(relay_proc)
+    receipt.figures = {"levels": results, "relay_levels": list(relayed.values())}
     receipt.ratios = {f"p99_vs_raw@{r['streams']}": r["ratio_p99"] for r in results}
+    for r in results:
+        ratio = relay_ratio(r, relayed.get(r["streams"]))
+        if ratio is not None:
+            receipt.ratios[f"throughput_vs_relay@{r['streams']}"] = ratio
     by_n = {r["streams"]: r for r in results}
     biggest = max(levels)
-    cpu = [r["gateway_cpu_us_per_delivery"] for r in results if r["gateway_cpu_us_per_delivery"] is not None]
+    at = 2000 if 2000 in relayed else max(relayed, default=None)
+    vs_relay = relay_ratio(by_n[at], relayed[at]) if at is not None else None
+    cpu = [r["cpu_us_per_delivery"] for r in results if r["cpu_us_per_delivery"] is not None]
     receipt.goals = [
         goal("streams_held", "5,000 streams held", {"streams": biggest, "held": by_n[biggest]["held"]},
              by_n[biggest]["held"] >= 5000 if biggest >= 5000 else None,
@@ -216,12 +260,19 @@ def run(
              "" if 2000 in by_n else "not measured: no 2,000-stream level in this run"),
         goal("cpu_per_delivery", "≤ 10 µs gateway CPU per delivered event (worst level)",
              max(cpu) if cpu else None, max(cpu) <= 10 if cpu else None),
-        goal("relay_throughput", "≥ 2x the FastAPI + sse-starlette relay's throughput", None, None,
-             "not measured: no relay baseline in this run"),
+        goal("relay_throughput", "≥ 2x the FastAPI + sse-starlette relay's deliveries per CPU-second",
+             {"streams": at, "ratio": vs_relay}, vs_relay >= 2 if vs_relay is not None else None,
+             missing or ("" if at == 2000 else f"measured at {at} streams: no 2,000-stream level")),
     ]  # fmt: skip
     receipt.notes.append(
         "latency = receive time - publish time (CLOCK_MONOTONIC, shared by all processes); the receivers "
-        "run on the same 2 cores as the gateway, so at high N part of the SSE latency is the clients' own"
+        "run on the same 2 cores as the server, so at high N part of the SSE latency is the clients' own"
+    )
+    receipt.notes.append(
+        "relay: bench/relay.py, FastAPI + sse-starlette on uvicorn, one process, one redis-py pub/sub "
+        "connection per stream; each level runs the gateway and the relay one after the other (order "
+        "alternating by level) on Runs of their own; throughput = delivered events per CPU-second of "
+        "the serving process, idle CPU subtracted"
     )
     body, path = receipt.write()
     body["receipt_path"] = str(path)

@@ -1,5 +1,6 @@
 """The fan-out lane's receivers, each in its own process: `streams` SSE connections to one Run on
-the gateway, or (`--raw`) one redis-py pub/sub subscriber on the events channel.
+the gateway (or the relay baseline's `--path`), or (`--raw`) one redis-py pub/sub subscriber on
+the events channel.
 
 Each published event carries `bench:<index>:<monotonic ns>:`; CLOCK_MONOTONIC is one clock for
 every process on the machine, so a receiver's latency is its own `monotonic_ns()` minus that.
@@ -37,14 +38,14 @@ class Receiver:
 
 
 async def one_stream(
-    port: int, run_id: str, receiver: Receiver, held: asyncio.Queue[bool], done: list[int]
+    port: int, path: str, receiver: Receiver, held: asyncio.Queue[bool], done: list[int]
 ) -> None:
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
     except OSError:
         await held.put(False)
         return
-    request = f"GET /api/runs/{run_id}/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
     writer.write(request.encode())
     seen: set[int] = set()
     tail = b""
@@ -77,7 +78,11 @@ async def streams_main(args: argparse.Namespace) -> dict[str, object]:
     done: list[int] = []
     tasks = []
     for _ in range(args.streams):
-        tasks.append(asyncio.create_task(one_stream(args.port, args.run, receiver, held, done)))
+        tasks.append(
+            asyncio.create_task(
+                one_stream(args.port, args.path or f"/api/runs/{args.run}/stream", receiver, held, done)
+            )
+        )
         await asyncio.sleep(0)  # let connects interleave rather than flood the accept queue at once
     live = 0
     deadline = time.monotonic() + args.hold_seconds
@@ -123,6 +128,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="bench.fanout_client")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--run", default="")
+    parser.add_argument("--path", default="", help="the stream's path (default: the gateway's for --run)")
     parser.add_argument("--streams", type=int, default=1)
     parser.add_argument("--events", type=int, required=True)
     parser.add_argument("--hold-seconds", type=float, default=20)

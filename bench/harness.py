@@ -195,8 +195,9 @@ class Receipt:
 
 
 def latest_receipts(directory: Path = RECEIPTS) -> dict[str, tuple[Path, dict[str, Any]]]:
-    """The newest receipt of each lane (by its `at`, then by file name)."""
-    found: dict[str, tuple[str, Path, dict[str, Any]]] = {}
+    """The newest receipt of each lane (by its `at`, then by when the file was written: two runs
+    in one second share `at`, and `-2` sorts before `.json` by name)."""
+    found: dict[str, tuple[tuple[str, int], Path, dict[str, Any]]] = {}
     for path in sorted(directory.glob("*.json")):
         try:
             body = json.loads(path.read_text())
@@ -205,7 +206,7 @@ def latest_receipts(directory: Path = RECEIPTS) -> dict[str, tuple[Path, dict[st
         lane = body.get("lane")
         if not isinstance(lane, str):
             continue
-        key = f"{body.get('at', '')}|{path.name}"
+        key = (str(body.get("at", "")), path.stat().st_mtime_ns)
         if lane not in found or key > found[lane][0]:
             found[lane] = (key, path, body)
     return {lane: (path, body) for lane, (_, path, body) in sorted(found.items())}

@@ -64,10 +64,10 @@ def lane_markdown(path: Path, body: dict[str, Any]) -> str:
 def plot(latest: dict[str, tuple[Path, dict[str, Any]]], out: Path) -> str:
     """One bar per measured ratio (subject / baseline), with 1.0 marked. Returns a status line."""
     try:
-        import matplotlib  # type: ignore[import-not-found]
+        import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # type: ignore[import-not-found]
+        import matplotlib.pyplot as plt
     except ImportError:
         return "no plot: matplotlib is not importable (install it to get bench/receipts/report.png)"
     labels, values = [], []

@@ -4,6 +4,9 @@
 - `tool_call`: a cell that calls a host tool once (as `llm_query` does), both sides.
 - `lease_from_pool`: acquiring a lease whose warm REPL is waiting, plus its first cell.
 - `lease_cold`: a lease for a workspace with no warm REPL, plus its first cell.
+- `turn`: the `turn` lane's whole 3-iteration program in-process (dspy.RLM, fleet's signature and
+  scripted engine), once on a bwrap REPL leased from the warm pool (acquire, cells, release), once
+  on dspy's LocalInterpreter: the sandbox's share of a Turn.
 
 Samples of the two sides are interleaved, so machine noise hits both alike. p50/p95/p99, the
 machine load and the receipt come from bench.harness.
@@ -30,10 +33,63 @@ def echo(text: str) -> str:
     return text
 
 
+class FleetRepl:
+    """dspy's CodeInterpreter protocol over a fleet REPL session: what the worker's
+    SandboxInterpreter does, without the Turn's observer (no events, no budget)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.tools: dict[str, Any] = {}
+        self.output_fields: list[dict[str, Any]] | None = None
+
+    def start(self) -> None:
+        self.session.start()
+
+    def shutdown(self) -> None:
+        self.session.shutdown()
+
+    def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
+        from dspy.primitives.code_interpreter import FinalOutput
+
+        fields = [f["name"] for f in self.output_fields] if self.output_fields else None
+        result = self.session.execute(code, variables or {}, self.tools, fields)
+        if result.error is not None:
+            raise RuntimeError(f"{result.error.type}: {result.error.message}")
+        return FinalOutput(result.final) if result.final is not None else result.stdout
+
+
+def turns(provider: LocalSandboxProvider, rounds: int, warmup: int) -> dict[str, Any]:
+    """The same in-process Turn on a pooled bwrap REPL and on LocalInterpreter, interleaved."""
+    from bench import stack as fleet_stack
+    from bench.harness import interleave
+    from bench.turn import baseline_turn
+
+    script = Path(tempfile.mkdtemp(prefix="fleet-bench-script-")) / "script.jsonl"
+    script.write_text(fleet_stack.three_step_script())
+
+    def on_bwrap() -> float:
+        started = time.perf_counter()
+        lease = provider.acquire("turns", "bench")
+        try:
+            baseline_turn(script, lambda: FleetRepl(lease.interpreter_factory()))
+        finally:
+            lease.release()
+        return time.perf_counter() - started
+
+    try:
+        sides = {"bwrap": on_bwrap, "local": lambda: baseline_turn(script)}
+        samples = interleave(sides, warmup=warmup, repeats=rounds)
+    finally:
+        shutil.rmtree(script.parent, ignore_errors=True)
+    return compared(samples["bwrap"], samples["local"])
+
+
 def run(*, quick: bool = False) -> dict[str, Any]:
     rounds = 50 if quick else 500
     receipt = Receipt(
-        "sandbox", {"rounds": rounds, "lease_rounds": 10 if quick else 40}, baseline="dspy LocalInterpreter"
+        "sandbox",
+        {"rounds": rounds, "lease_rounds": 10 if quick else 40, "turn_rounds": 10 if quick else 60},
+        baseline="dspy LocalInterpreter",
     )
     root = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     root.chmod(0o711)
@@ -56,6 +112,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             theirs["tool_call"].append(timed(lambda: baseline.execute("echo('hi')")))
         lease.release()
         pooled, cold = leases(provider, root, 10 if quick else 40)
+        receipt.figures["turn"] = turns(provider, 10 if quick else 60, 2 if quick else 5)
+        receipt.ratios["turn"] = {k: v for k, v in receipt.figures["turn"].items() if k.startswith("ratio")}
         receipt.parameters["sandbox_mode"] = provider.mode
         for name in ("cell", "tool_call"):
             receipt.figures[name] = compared(ours[name], theirs[name])
@@ -68,15 +126,15 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
     cell_ratio = receipt.ratios["cell"]["ratio_p50"]
     lease_p50 = pooled["acquire"]["p50_ms"]
+    turn_ratio = receipt.ratios["turn"]["ratio_p50"]
     receipt.goals = [
         goal("cell", "cell round trip ≤ 1.0 x LocalInterpreter (p50)", cell_ratio, cell_ratio <= 1.0),
         goal("lease", "lease acquire ≤ 10 ms p50 from the warm pool", lease_p50, lease_p50 <= 10),
         goal(
             "turn_on_bwrap",
-            "a Turn on bwrap ≤ 1.1 x the same Turn on LocalInterpreter in-process",
-            None,
-            None,
-            "not measured yet by this lane (the `turn` lane's floor is the LocalInterpreter side)",
+            "a Turn on bwrap ≤ 1.1 x the same Turn on LocalInterpreter in-process (p50)",
+            turn_ratio,
+            turn_ratio <= 1.1,
         ),
     ]
     body, path = receipt.write()

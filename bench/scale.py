@@ -2,33 +2,62 @@
 every line, and as many parallel Turns (each in its own session) as there are slots
 (workers x worker.concurrency), times `waves`. Baseline: 1 worker, measured in the same run;
 the worker counts are interleaved round by round (1, 2, 4, then 4, 2, 1, …).
+
+Then one worker at `worker.concurrency` 1, 2, 4, 8 (`fleet worker --concurrency`), same Turns,
+same interleaving: throughput against concurrency 1, and the worker's CPU (its process tree,
+sandboxes included) in cores, which says where "up to its CPU" ends.
 """
 
 from __future__ import annotations
 
 import time
+from statistics import mean
 from typing import Any
 
 from bench import stack as fleet_stack
 from bench.harness import Receipt, goal
 
 CONCURRENCY = 4
+CONCURRENCY_LEVELS = (1, 2, 4, 8)
+LINEAR_EFFICIENCY = 0.9  # throughput at c slots ≥ 0.9 x c x throughput at 1 slot counts as linear
+CPU_BOUND_CORES = 0.8  # a worker busier than this is at its CPU (the 2 cores host the rest too)
+
+
+def measure(st: fleet_stack.Stack, slots: int, waves: int) -> tuple[float, float]:
+    """Turns per second with `slots` parallel clients, and the workers' CPU in cores meanwhile."""
+    fleet_stack.run_turns(st, slots, slots)  # warm-up: every slot once
+    tree = [pid for proc in st.workers for pid in fleet_stack.process_tree(proc.pid)]
+    cpu_before, started = fleet_stack.cpu_seconds(tree), time.perf_counter()
+    results = fleet_stack.run_turns(st, slots * waves, slots)
+    elapsed = time.perf_counter() - started
+    tree = [pid for proc in st.workers for pid in fleet_stack.process_tree(proc.pid)]
+    cores = max(0.0, fleet_stack.cpu_seconds(tree) - cpu_before) / elapsed / max(1, len(st.workers))
+    failed = [r for r in results if b'"finishReason":"stop"' not in r.raw]
+    if failed:
+        raise RuntimeError(f"{len(failed)} Turns did not finish: {failed[0].raw[-400:]!r}")
+    return len(results) / elapsed, cores
 
 
 def run(
     *, quick: bool = False, workers: tuple[int, ...] | None = None, rounds: int | None = None,
-    waves: int | None = None, delay_s: float = 0.2,
+    waves: int | None = None, delay_s: float = 0.2, concurrency: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     counts = workers or (1, 2, 4)
+    levels = concurrency or ((1, 4) if quick else CONCURRENCY_LEVELS)
+    if 1 not in levels:
+        raise ValueError("the concurrency levels must include 1, the baseline")
     rounds = rounds or (1 if quick else 3)
     waves = waves or (2 if quick else 4)
     receipt = Receipt(
         "scale",
         {"workers": list(counts), "rounds": rounds, "waves": waves, "lm_delay_s": delay_s,
-         "worker_concurrency": CONCURRENCY, "script": "plain cell, llm_query, SUBMIT; 4 LM lines"},
+         "worker_concurrency": CONCURRENCY, "concurrency_levels": list(levels),
+         "script": "plain cell, llm_query, SUBMIT; 4 LM lines"},
         baseline=f"{min(counts)} worker(s), same run",
     )  # fmt: skip
     throughput: dict[int, list[float]] = {count: [] for count in counts}
+    by_concurrency: dict[int, list[float]] = {level: [] for level in levels}
+    cpu_cores: dict[int, list[float]] = {level: [] for level in levels}
     with fleet_stack.stack(script=fleet_stack.three_step_script(delay_s), concurrency=CONCURRENCY) as st:
         st.start(workers=0)
         for index in range(rounds):
@@ -36,15 +65,15 @@ def run(
                 st.stop_workers()
                 st.start_workers(count)
                 st.wait_workers_ready(count)
-                slots = count * CONCURRENCY
-                fleet_stack.run_turns(st, slots, slots)  # warm-up: every slot once
-                started = time.perf_counter()
-                results = fleet_stack.run_turns(st, slots * waves, slots)
-                elapsed = time.perf_counter() - started
-                failed = [r for r in results if b'"finishReason":"stop"' not in r.raw]
-                if failed:
-                    raise RuntimeError(f"{len(failed)} Turns did not finish: {failed[0].raw[-400:]!r}")
-                throughput[count].append(len(results) / elapsed)
+                throughput[count].append(measure(st, count * CONCURRENCY, waves)[0])
+        for index in range(rounds):
+            for level in levels if index % 2 == 0 else tuple(reversed(levels)):
+                st.stop_workers()
+                st.start_workers(1, concurrency=level)
+                st.wait_workers_ready(1)
+                turns_per_s, cores = measure(st, level, waves)
+                by_concurrency[level].append(turns_per_s)
+                cpu_cores[level].append(cores)
         st.stop_workers()
     base = min(counts)
     base_mean = sum(throughput[base]) / len(throughput[base])
@@ -63,12 +92,34 @@ def run(
     floor_s = 4 * delay_s
     receipt.figures["ideal_turns_per_s_per_slot"] = round(1 / floor_s, 3)
     two = receipt.ratios.get(f"throughput_2_vs_{base}")
+    one_slot = mean(by_concurrency[1])
+    linear: dict[str, Any] = {}
+    for level in levels:
+        ratio = mean(by_concurrency[level]) / one_slot
+        receipt.figures[f"concurrency_{level}"] = {
+            "turns_per_s": [round(value, 3) for value in by_concurrency[level]],
+            "mean_turns_per_s": round(mean(by_concurrency[level]), 3),
+            "worker_cpu_cores": round(mean(cpu_cores[level]), 3),
+        }
+        receipt.ratios[f"concurrency_{level}_vs_1"] = round(ratio, 3)
+        linear[str(level)] = {
+            "efficiency": round(ratio / level, 3),
+            "cpu_bound": mean(cpu_cores[level]) >= CPU_BOUND_CORES,
+        }
+    below_cpu = [entry for entry in linear.values() if not entry["cpu_bound"]]
     receipt.goals = [
         goal("two_workers", "2 workers ≥ 1.9 x 1 worker", two,
              two >= 1.9 if two is not None and base == 1 else None),
-        goal("concurrency_linear", "throughput grows linearly with worker.concurrency up to the CPU",
-             None, None, "not measured: this lane varies worker processes, not worker.concurrency"),
+        goal("concurrency_linear",
+             f"throughput at concurrency c ≥ {LINEAR_EFFICIENCY} x c x concurrency 1, at every c "
+             f"where the worker uses < {CPU_BOUND_CORES} cores", linear,
+             all(entry["efficiency"] >= LINEAR_EFFICIENCY for entry in below_cpu) if len(below_cpu) > 1
+             else None),
     ]  # fmt: skip
+    receipt.notes.append(
+        "concurrency levels: one worker process started with `fleet worker --concurrency c`, c "
+        "parallel clients; worker_cpu_cores counts the worker and its sandboxes"
+    )
     body, path = receipt.write()
     body["receipt_path"] = str(path)
     return body

@@ -217,7 +217,7 @@ class Stack:
         self.url = f"http://127.0.0.1:{port}"
         self.port = port
 
-    def start_workers(self, count: int) -> None:
+    def start_workers(self, count: int, concurrency: int | None = None) -> None:
         """Start `count` workers, each up before the next (call it with no worker running: it
         forgets the sandbox announcements of stopped ones). A worker that fails to start is
         started again once."""
@@ -229,10 +229,11 @@ class Stack:
                 client.delete(key)
         finally:
             client.close()
+        sized = ["--concurrency", str(concurrency)] if concurrency else []
         for _ in range(count):  # one at a time: workers started together race on the sandbox cgroup
             for attempt in range(2):
                 self.workers.append(
-                    self.spawn(f"worker-{len(self.workers)}", "worker", "--metrics-port", "0")
+                    self.spawn(f"worker-{len(self.workers)}", "worker", "--metrics-port", "0", *sized)
                 )
                 try:
                     self.wait_workers_ready(len(self.workers))

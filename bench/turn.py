@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,9 @@ def local_interpreter() -> Any:
     return JsonLocalInterpreter()
 
 
-def baseline_turn(script_path: Path) -> float:
-    """One in-process Turn: fleet's signature and scripted engine, dspy's RLM and LocalInterpreter."""
+def baseline_turn(script_path: Path, interpreter_factory: Callable[[], Any] = local_interpreter) -> float:
+    """One in-process Turn: fleet's signature and scripted engine, dspy's RLM, and (by default)
+    dspy's LocalInterpreter; the `sandbox` lane passes fleet's bwrap REPL instead."""
     import dspy
 
     from fleet_worker.dspy_adapter import ScriptedEngine, TurnSignature
@@ -56,7 +58,7 @@ def baseline_turn(script_path: Path) -> float:
             history=dspy.History(messages=[]),
             skills=[],
             attachments=[],
-            interpreter_factory=local_interpreter,
+            interpreter_factory=interpreter_factory,
         )
     elapsed = time.perf_counter() - started
     if str(prediction.answer) != "forty-two 42":

@@ -67,6 +67,9 @@ def test_the_sandbox_lane_measures_both_sides() -> None:
         assert_both_sides(body["figures"][name])
     assert body["figures"]["lease_from_pool"]["acquire"]["n"] > 0
     assert body["parameters"]["sandbox_mode"]
+    assert_both_sides(body["figures"]["turn"])  # the same Turn on bwrap and on LocalInterpreter
+    (turn_goal,) = [g for g in body["goals"] if g["goal"] == "turn_on_bwrap"]
+    assert turn_goal["measured"] == body["ratios"]["turn"]["ratio_p50"]
 
 
 def test_the_turn_lane_measures_fleet_and_the_in_process_floor() -> None:
@@ -76,20 +79,26 @@ def test_the_turn_lane_measures_fleet_and_the_in_process_floor() -> None:
     assert body["figures"]["first_byte"]["n"] == 2
 
 
-def test_the_fanout_lane_measures_streams_and_raw_pubsub() -> None:
+def test_the_fanout_lane_measures_streams_raw_pubsub_and_the_relay() -> None:
     body = fanout.run(quick=True, streams=(5,), events=5)
     assert_receipt(body, "fanout")
     (level,) = body["figures"]["levels"]
+    assert level["server"] == "gateway"
     assert level["held"] == 5 and level["delivered"] == 25
     assert level["sse"]["n"] > 0 and level["raw"]["n"] == 5
-    assert level["ratio_p99"] > 0 and level["gateway_rss_mb_held"] > 0
+    assert level["ratio_p99"] > 0 and level["rss_mb_held"] > 0
+    (relayed,) = body["figures"]["relay_levels"]  # the FastAPI + sse-starlette baseline
+    assert relayed["server"] == "relay"
+    assert relayed["held"] == 5 and relayed["delivered"] == 25 and relayed["completed"] == 5
 
 
 def test_the_scale_lane_compares_worker_counts() -> None:
-    body = scale.run(quick=True, workers=(1, 2), rounds=1, waves=1, delay_s=0.05)
+    body = scale.run(quick=True, workers=(1, 2), rounds=1, waves=1, delay_s=0.05, concurrency=(1, 2))
     assert_receipt(body, "scale")
     assert body["figures"]["workers_1"]["mean_turns_per_s"] > 0
     assert body["ratios"]["throughput_2_vs_1"] > 0
+    assert body["ratios"]["concurrency_2_vs_1"] > 0
+    assert body["figures"]["concurrency_2"]["worker_cpu_cores"] > 0
 
 
 def test_the_recovery_lane_times_a_kill_and_a_cancel() -> None:
@@ -119,3 +128,8 @@ def test_the_report_renders_the_latest_receipts(receipts_in_tmp: Path) -> None:
     markdown, written = report.write_report(receipts_in_tmp)
     assert "## demo" in markdown and "x.p50_ms" in markdown
     assert (receipts_in_tmp / "REPORT.md") in written
+    assert written == [receipts_in_tmp / "REPORT.md"]  # no ratios in the receipt: nothing to plot
+    harness.Receipt("demo", {"n": 1}, ratios={"x": {"ratio_p50": 1.2}}).write(receipts_in_tmp)
+    _, written = report.write_report(receipts_in_tmp)
+    png = receipts_in_tmp / "report.png"
+    assert png in written and png.read_bytes().startswith(b"\x89PNG")

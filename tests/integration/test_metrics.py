@@ -39,6 +39,7 @@ from fleet_shared.metrics import (
     read_queue_counts_sync,
 )
 from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, RUN_TURN, deserialize_job, serialize_job
+from tests.conftest import migrate
 from tests.integration.harness import Harness
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,8 +61,12 @@ def gateway_settings(sqlite_url: str, redis_url: str) -> Settings:
 
 
 @pytest.fixture
-def settings(sqlite_url: str, redis_url: str) -> Settings:
-    return gateway_settings(sqlite_url, redis_url)
+async def settings(tmp_path: Path, redis_url: str) -> Settings:
+    """A database of this test's own: the gateway's sweeper requeues the queued Runs it finds
+    (onto this test's queue), and the session's shared database holds other tests' Runs."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'fleet.db'}"
+    await asyncio.to_thread(migrate, url)
+    return gateway_settings(url, redis_url)
 
 
 @pytest.fixture

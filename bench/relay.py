@@ -1,0 +1,122 @@
+"""The fan-out lane's second baseline: a minimal FastAPI + sse-starlette relay, served by uvicorn
+in one process, the way a small Redis-to-SSE bridge is commonly written.
+
+`GET /runs/{run_id}/stream` subscribes its own redis-py pub/sub connection to the events channel,
+decodes each message, forwards the Run's events as `data: <json>` frames and ends with
+`data: [DONE]` after the Run's terminal event. No replay, no resume, no heartbeats of its own
+(sse-starlette's pings aside): it does less than the gateway, which makes it a fair floor.
+
+Run: `python -m bench.relay --port P --redis URL --channel CHANNEL` (loopback only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+TERMINAL = {"run.completed", "run.failed", "run.cancelled"}
+
+
+def build_app(redis_url: str, channel: str) -> Any:
+    from fastapi import FastAPI
+    from redis.asyncio import Redis
+    from sse_starlette.sse import EventSourceResponse
+
+    app = FastAPI()
+    redis = Redis.from_url(redis_url)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/runs/{run_id}/stream")
+    async def stream(run_id: str) -> EventSourceResponse:
+        async def frames() -> AsyncIterator[str]:
+            pubsub = redis.pubsub(ignore_subscribe_messages=True)
+            await pubsub.subscribe(channel)
+            try:
+                yield json.dumps({"type": "start", "messageId": run_id})
+                async for message in pubsub.listen():
+                    event = json.loads(message["data"])
+                    if event.get("run_id") != run_id:
+                        continue
+                    yield json.dumps(event)
+                    if event.get("type") in TERMINAL:
+                        yield "[DONE]"
+                        return
+            finally:
+                await pubsub.aclose()
+
+        return EventSourceResponse(frames())
+
+    return app
+
+
+def available() -> str | None:
+    """None when the relay can run here, else why not."""
+    try:
+        import fastapi  # noqa: F401
+        import sse_starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        return f"the relay baseline needs the `bench` dependency group ({exc.name} is missing)"
+    return None
+
+
+def start(redis_url: str, channel: str, port: int, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    """The relay in its own process group, once it answers on `port`."""
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.relay",
+        "--port",
+        str(port),
+        "--redis",
+        redis_url,
+        "--channel",
+        channel,
+    ]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the relay exited with {proc.returncode}: {log.read_text()[-800:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
+            if s.recv(64).startswith(b"HTTP/1.1 200"):
+                return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the relay never answered")
+
+
+def main() -> int:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="bench.relay")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--redis", required=True)
+    parser.add_argument("--channel", required=True)
+    args = parser.parse_args()
+    uvicorn.run(
+        build_app(args.redis, args.channel),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        backlog=2048,
+        limit_concurrency=None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
