@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import event, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -52,6 +52,51 @@ async def test_claim_replay_mismatch_and_in_progress(sessions: async_sessionmake
 
         busy = await claim(db, session.id, "k2")
         assert busy == queries.ClaimRefused("turn_in_progress", first.run.id)
+
+
+async def test_a_claim_is_one_read_two_inserts_and_the_commit(database_url: str) -> None:
+    """A claim stands between a POST and its first byte, and each statement is a round trip:
+    the key, the active Run, the session and the last sequence are read in one statement."""
+    engine = create_engine(database_url)
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        statements.append(statement.split(maxsplit=1)[0].upper())
+
+    try:
+        sessions = session_factory(engine)
+        async with sessions() as db:
+            session_id = (await queries.create_session(db, "t")).id
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        async with sessions() as db:
+            claimed = await claim(db, session_id, "k1")
+        assert isinstance(claimed, queries.Claimed) and claimed.created
+        assert statements == ["SELECT", "INSERT", "INSERT"]
+        async with sessions() as db:  # what the plain INSERTs wrote reads back as the ORM's rows
+            run = await queries.get_run(db, claimed.run.id)
+            assert run is not None and run.usage is None and run.failure_code is None
+            assert (run.status, run.user_sequence, run.attempt) == ("queued", 1, 0)
+            (turn,) = await queries.list_turns(db, session_id, after_sequence=0, limit=10)
+            assert turn.parts == [{"type": "text", "text": "hi"}] and turn.run_id == run.id
+    finally:
+        await engine.dispose()
+
+
+async def test_claims_in_unknown_and_archived_sessions_are_refused(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    async with sessions() as db:
+        assert await claim(db, "7d0c8f3e-0000-4000-8000-000000000000", "k") == queries.ClaimRefused(
+            "unknown_session"
+        )
+        session_id = (await queries.create_session(db, "t")).id
+        first = await claim(db, session_id, "k1")
+        assert isinstance(first, queries.Claimed)
+        await db.execute(update(Run).where(Run.id == first.run.id).values(status="completed"))
+        await queries.update_session(db, session_id, status="archived")
+        assert await claim(db, session_id, "k2") == queries.ClaimRefused("session_archived")
+        again = await claim(db, session_id, "k1")  # the key first: an existing Run still replays
+        assert isinstance(again, queries.Claimed) and not again.created
 
 
 async def test_partial_unique_index_allows_one_active_run(sessions: async_sessionmaker[AsyncSession]) -> None:

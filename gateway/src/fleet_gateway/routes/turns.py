@@ -14,13 +14,14 @@ from litestar.response import Stream
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from fleet_gateway.errors import ApiError
+from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
 from fleet_shared.db import files, queries, skills
 from fleet_shared.db.models import Attachment, Run, Skill
+from fleet_shared.ids import parse_uuid
 from fleet_shared.run_state import is_terminal
 from fleet_shared.skills import SKILL_ID
 
@@ -118,10 +119,19 @@ class TurnController(Controller):
         key = idempotency_key
         check_request(data, gw.settings.profile.gateway.limits.max_text_chars)
         # Plain strings from here on: a lost race rolls the DB session back, expiring ORM objects.
-        session_id = (await load_session(db, session_id)).id
-        limit = gw.settings.profile.storage.max_attachments_per_turn
-        attachments = await check_attachments(db, data, limit)
-        selected = await check_skills(db, data)
+        canonical = parse_uuid(session_id)
+        if canonical is None:
+            raise not_found("session")
+        attachments: list[Attachment] = []
+        selected: list[Skill] = []
+        if data.attachment_ids or data.skill_selections:
+            # An unknown session is a 404 before its attachments or skills are looked at. Without
+            # them, the claim's own read finds the session: one statement fewer before the stream.
+            canonical = (await load_session(db, canonical)).id
+            limit = gw.settings.profile.storage.max_attachments_per_turn
+            attachments = await check_attachments(db, data, limit)
+            selected = await check_skills(db, data)
+        session_id = canonical
         outcome = await queries.claim_turn(
             db,
             session_id=session_id,
@@ -170,6 +180,8 @@ class TurnController(Controller):
 
 def refusal(outcome: queries.ClaimRefused) -> ApiError:
     match outcome.reason:
+        case "unknown_session":
+            return not_found("session")
         case "turn_in_progress":
             return ApiError(409, "turn_in_progress", "a Turn is already running in this session")
         case "session_archived":

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, cast
 
 import msgspec
-from sqlalchemy import delete, func, select
+from sqlalchemy import Table, and_, delete, func, insert, literal, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -97,18 +98,57 @@ class Claimed(msgspec.Struct, frozen=True):
 
 
 class ClaimRefused(msgspec.Struct, frozen=True):
-    reason: Literal["idempotency_key_mismatch", "turn_in_progress", "session_archived"]
+    reason: Literal["idempotency_key_mismatch", "turn_in_progress", "session_archived", "unknown_session"]
     run_id: str | None = None
 
 
-async def find_run_by_key(db: AsyncSession, session_id: str, key: str) -> Run | None:
-    return await db.scalar(select(Run).where(Run.session_id == session_id, Run.idempotency_key == key))
+ACTIVE_VALUES = tuple(s.value for s in ACTIVE_STATUSES)
+RUNS = cast(Table, Run.__table__)
+TURNS = cast(Table, Turn.__table__)
 
 
-async def active_run(db: AsyncSession, session_id: str) -> Run | None:
-    return await db.scalar(
-        select(Run).where(Run.session_id == session_id, Run.status.in_([s.value for s in ACTIVE_STATUSES]))
+@dataclass(frozen=True)
+class ClaimContext:
+    """What a claim needs to know before it writes, read in one statement."""
+
+    session_status: str | None  # None: no such session
+    keyed: Run | None  # the Run holding this key
+    active: Run | None  # the session's active Run, when it holds another key
+    last_sequence: int
+
+
+async def claim_context(db: AsyncSession, session_id: str, key: str) -> ClaimContext:
+    """An outer join from the session row, so the session's status and last sequence come back
+    even when no Run matches (and no row at all means no session)."""
+    last = select(func.max(Turn.sequence)).where(Turn.session_id == session_id).scalar_subquery()
+    matching = and_(
+        Run.session_id == Session.id, or_(Run.idempotency_key == key, Run.status.in_(ACTIVE_VALUES))
     )
+    query = select(Session.status, last, Run).select_from(Session).outerjoin(Run, matching)
+    rows = (await db.execute(query.where(Session.id == session_id))).all()
+    if not rows:
+        return ClaimContext(None, None, None, 0)
+    runs = [run for _, _, run in rows if run is not None]
+    return ClaimContext(
+        session_status=rows[0][0],
+        keyed=next((run for run in runs if run.idempotency_key == key), None),
+        active=next((run for run in runs if run.idempotency_key != key), None),
+        last_sequence=int(rows[0][1] or 0),
+    )
+
+
+def outcome_of(context: ClaimContext, fingerprint: str) -> Claimed | ClaimRefused | None:
+    """What an earlier or concurrent claim, or the session, decides for this one; None when the
+    way is clear. The key first: a Run that exists replays, even in an archived session."""
+    if context.session_status is None:
+        return ClaimRefused("unknown_session")
+    if context.keyed is not None:
+        return same_key_outcome(context.keyed, fingerprint)
+    if context.active is not None:
+        return ClaimRefused("turn_in_progress", context.active.id)
+    if context.session_status == "archived":
+        return ClaimRefused("session_archived")
+    return None
 
 
 async def claim_turn(
@@ -124,12 +164,15 @@ async def claim_turn(
 ) -> Claimed | ClaimRefused:
     """In one transaction: honour the key, insert the queued Run and the user Turn (its text,
     then one `data-attachment` part per attachment and one `data-skill` part per selected skill:
-    the worker stages and loads them from there)."""
-    outcome = await existing_outcome(db, session_id, idempotency_key, fingerprint)
+    the worker stages and loads them from there).
+
+    Three statements and the commit, because a claim sits between a POST and its first byte and
+    each statement is a round trip (on SQLite, a hop to aiosqlite's thread and back): one read,
+    then plain INSERTs. The Run returned is built from the inserted values, outside the ORM."""
+    context = await claim_context(db, session_id, idempotency_key)
+    outcome = outcome_of(context, fingerprint)
     if outcome is not None:
-        return outcome  # the key first: a Run that exists replays, even in an archived session
-    last = await db.scalar(select(func.max(Turn.sequence)).where(Turn.session_id == session_id))
-    user_sequence = int(last or 0) + 1
+        return outcome
     stamp = now()
     run = Run(
         id=new_id(),
@@ -139,59 +182,54 @@ async def claim_turn(
         idempotency_key=idempotency_key,
         request_fingerprint=fingerprint,
         model=model,
-        user_sequence=user_sequence,
+        user_sequence=context.last_sequence + 1,
+        failure_code=None,
+        failure_message=None,
+        usage=None,
         last_seq=0,
         created_at=stamp,
+        started_at=None,
+        finished_at=None,
     )
-    db.add(run)
-    db.add(
-        Turn(
-            id=new_id(),
-            session_id=session_id,
-            run_id=run.id,
-            sequence=user_sequence,
-            role="user",
-            parts=[
-                {"type": "text", "text": text},
-                *(attachment_part(a.id, a.filename, a.byte_size) for a in attachments),
-                *(selected_skill_part(skill) for skill in skills),
-            ],
-            status="completed",
-            created_at=stamp,
-        )
-    )
+    parts = [
+        {"type": "text", "text": text},
+        *(attachment_part(a.id, a.filename, a.byte_size) for a in attachments),
+        *(selected_skill_part(skill) for skill in skills),
+    ]
     try:
-        await db.flush()
-        if await is_archived(db, session_id):
+        if not await insert_unless_archived(db, run):
             await db.rollback()
             return ClaimRefused("session_archived")
+        await db.execute(
+            insert(TURNS).values(
+                id=new_id(), session_id=session_id, run_id=run.id, sequence=run.user_sequence,
+                role="user", parts=parts, status="completed", created_at=stamp,
+            )
+        )  # fmt: skip
         await db.commit()
     except IntegrityError:
         # A concurrent claim won the race: answer as if it had committed before we looked.
         await db.rollback()
-        outcome = await existing_outcome(db, session_id, idempotency_key, fingerprint)
-        return outcome or ClaimRefused("turn_in_progress")
+        context = await claim_context(db, session_id, idempotency_key)
+        return outcome_of(context, fingerprint) or ClaimRefused("turn_in_progress")
     return Claimed(run, created=True)
 
 
-async def is_archived(db: AsyncSession, session_id: str) -> bool:
-    """Asked after the claim's rows are written, inside its transaction, so it is atomic with the
-    claim: PostgreSQL share-locks the session row (an archive in flight is waited for; a later one
-    waits for our commit), and SQLite's write lock keeps any other writer out until we commit."""
-    query = select(Session.status).where(Session.id == session_id).with_for_update(read=True)
-    return await db.scalar(query) == "archived"
+async def insert_unless_archived(db: AsyncSession, run: Run) -> bool:
+    """INSERT the Run only while its session is not archived, in one statement; False if it was.
 
-
-async def existing_outcome(
-    db: AsyncSession, session_id: str, key: str, fingerprint: str
-) -> Claimed | ClaimRefused | None:
-    """What an earlier or concurrent claim decides for this one; None when the way is clear."""
-    existing = await find_run_by_key(db, session_id, key)
-    if existing is None:
-        existing = await active_run(db, session_id)
-        if existing is not None and existing.idempotency_key != key:
-            return ClaimRefused("turn_in_progress", existing.id)
-    return None if existing is None else same_key_outcome(existing, fingerprint)
+    Atomic with the claim: on SQLite the INSERT takes the write lock, so no archive lands before
+    our commit; on PostgreSQL an archive committed before this statement is seen here (READ
+    COMMITTED reads per statement), and one committed after it orders after the claim, as if the
+    session were archived just after this Turn was accepted."""
+    # Unset columns are left out (SQL NULL): a JSON column given None would store JSON `null`.
+    values = {column.key: getattr(run, column.key) for column in RUNS.columns}
+    values = {key: value for key, value in values.items() if value is not None}
+    source = select(*(literal(value, type_=RUNS.c[key].type) for key, value in values.items())).where(
+        Session.id == run.session_id, Session.status != "archived"
+    )
+    result = await db.execute(insert(RUNS).from_select(list(values), source))
+    return bool(getattr(result, "rowcount", 0))
 
 
 def same_key_outcome(run: Run, fingerprint: str) -> Claimed | ClaimRefused:
