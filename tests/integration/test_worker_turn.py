@@ -270,7 +270,7 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
     from fleet_shared.redis_conn import listener
     from fleet_shared.run_state import RunCommand, RunStatus
     from fleet_shared.transcript import fold_parts
-    from fleet_worker.control import CancelListener
+    from fleet_worker.control import ControlListener
     from fleet_worker.turn import Claim, hold
 
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
@@ -283,7 +283,7 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
         settings=harness.settings,
         sessions=harness.sessions,
         runlog=RunLog(harness.redis),
-        cancels=CancelListener(harness.redis, listen),
+        cancels=ControlListener(harness.redis, listen),
         worker_id="w1",
     )
     claim = Claim(run_id, run.session_id, "ws", run.attempt, run.user_sequence, time.monotonic())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
@@ -15,7 +15,7 @@ from fleet_gateway.streaming import StreamDeps
 from fleet_shared.blobs import BlobStore
 from fleet_shared.config import Settings
 from fleet_shared.event_log import RunLog
-from fleet_shared.queue import RUN_TURN
+from fleet_shared.queue import RUN_TURN, announce_queued
 
 
 @dataclass
@@ -33,6 +33,7 @@ class GatewayState:
     # SCANs the keyspace, so probes read the last answer and at most one SCAN runs at a time.
     sandbox_modes_cache: tuple[float, str] | None = None
     sandbox_modes_refresh: asyncio.Task[str] | None = None
+    notices: set[asyncio.Task[None]] = field(default_factory=set)  # "a job is queued", in flight
 
     async def stop_background(self) -> None:
         task = self.sandbox_modes_refresh
@@ -53,5 +54,12 @@ class GatewayState:
         )
 
     async def enqueue(self, run_id: str) -> object:
-        """Queue the Run's job (job id = run id); None when that job is already queued."""
-        return await self.arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)
+        """Queue the Run's job (job id = run id); None when that job is already queued. Workers
+        are told at once, after this returns: the notice never delays a POST's first byte."""
+        queue = self.settings.profile.worker.queue_name
+        job = await self.arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)
+        if job is not None:
+            notice = asyncio.create_task(announce_queued(self.arq, queue))
+            self.notices.add(notice)  # a reference until it is done: the loop keeps only weak ones
+            notice.add_done_callback(self.notices.discard)
+        return job

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import msgspec
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from fleet_shared.event_log import jobs_channel
 
 RUN_TURN = "run_turn"  # arq function name; its single argument is the run id (also the job id)
 HEALTH_CHECK_SUFFIX = ":health-check"  # arq writes <queue><suffix> while a worker is alive
@@ -28,6 +33,13 @@ def deserialize_job(data: bytes) -> dict[str, Any]:
     decoded = MSGPACK_DECODER.decode(data)
     assert isinstance(decoded, dict)
     return decoded
+
+
+async def announce_queued(redis: Redis, queue_name: str) -> None:
+    """Tell idle workers that a job waits on this queue, so they take it now rather than at their
+    next poll. Best effort: without the notice the job waits at most one `worker.poll_delay_seconds`."""
+    with contextlib.suppress(RedisError, OSError):
+        await redis.publish(jobs_channel(redis, queue_name), b"1")
 
 
 def health_check_key(queue_name: str) -> str:

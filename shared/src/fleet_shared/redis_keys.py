@@ -22,6 +22,12 @@ def control_channel(db: int) -> str:
     return f"{PREFIX}:control:db{db}"
 
 
+def jobs_channel(db: int, queue: str) -> str:
+    """Pub/sub carrying "a job is queued" notices for one arq queue: whoever enqueues a Turn
+    announces it, and idle workers poll the queue at once instead of at their next poll."""
+    return f"{PREFIX}:jobs:db{db}:{queue}"
+
+
 def run_events(run_id: str) -> str:
     """The Redis Stream that logs a Run's events in order; the source of truth while it runs."""
     return f"{PREFIX}:run:{{{run_id}}}:events"

@@ -21,12 +21,12 @@ from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.event_log import RunLog
-from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
+from fleet_shared.queue import RUN_TURN, announce_queued, deserialize_job, health_check_key, serialize_job
 from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import RETRY_ON, connect, listener, retry_policy
 from fleet_shared.shutdown import bounded, stop_loop
 from fleet_shared.workspaces import relocated_root
-from fleet_worker.control import CancelListener
+from fleet_worker.control import ControlListener
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.jail import local_sandbox_config
 from fleet_worker.sandbox.local import LocalSandboxProvider
@@ -75,7 +75,8 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             return  # arq's poll loop restarted after a Redis outage: keep everything as it is
         engine = create_engine(settings.database_url)
         redis = connect(settings.redis_url)
-        cancels = CancelListener(redis, listener(settings.redis_url))
+        waker.start()
+        cancels = ControlListener(redis, listener(settings.redis_url), queue, waker.wanted.set)
         cancels.start()
         ctx["engine"] = engine
         ctx["deps"] = deps = WorkerDeps(
@@ -103,6 +104,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
     async def shutdown(ctx: dict[str, Any]) -> None:
         if ctx.get("closed"):
             return
+        await waker.stop()
         sweeper: Sweeper | None = ctx.get("sweeper")
         for name in ("sweep", "announce", "daytona_sweep"):
             task: asyncio.Task[None] | None = ctx.get(name)
@@ -126,7 +128,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         ctx["closed"] = True
 
     timeout = settings.profile.runtime.turn_timeout_seconds + 120  # our own deadline fires first
-    return Worker(
+    worker = Worker(
         functions=[func(run_turn, name=RUN_TURN, timeout=timeout, max_tries=3)],
         redis_settings=queue_settings(settings),
         queue_name=queue,
@@ -147,6 +149,43 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         burst=burst,
         handle_signals=not burst,
     )
+    waker = JobWaker(worker)
+    return worker
+
+
+class JobWaker:
+    """Polls arq's queue as soon as a job is announced (fleet_shared.queue.announce_queued), rather
+    than at the worker's next `poll_delay`. The poll is arq's own step, `_poll_iteration`: it
+    starts jobs under arq's per-job in-progress lock, so running it beside arq's loop (or on two
+    workers at once) starts each job once. tests/integration/test_job_notices.py pins it."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.wanted = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.task is None:
+            self.task = asyncio.create_task(self.run_forever(), name="fleet-job-waker")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+            self.task = None
+
+    async def run_forever(self) -> None:
+        while True:
+            await self.wanted.wait()
+            self.wanted.clear()  # notices that arrive while we poll ask for one more poll
+            worker = self.worker
+            if worker.job_counter >= worker.max_jobs or not worker.allow_pick_jobs:
+                continue  # full or draining: arq's own poll takes the job when a slot frees
+            try:
+                await worker._poll_iteration()
+            except (RedisError, OSError) as exc:  # arq's loop polls again and reports it too
+                log.warning("worker.wake_poll_failed", error_type=type(exc).__name__)
 
 
 async def sweep_daytona(deps: WorkerDeps) -> None:
@@ -170,7 +209,10 @@ async def announce_sandbox(redis: Redis, worker_id: str, mode: str) -> None:
 
 def make_sweeper(deps: WorkerDeps, arq: ArqRedis) -> Sweeper:
     async def enqueue(run_id: str) -> object:
-        return await arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)
+        job = await arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)
+        if job is not None:
+            await announce_queued(arq, deps.settings.profile.worker.queue_name)
+        return job
 
     return Sweeper(
         sessions=deps.sessions,

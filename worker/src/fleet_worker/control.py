@@ -1,8 +1,9 @@
-"""Cancel notices: one pub/sub connection per worker process, routed to the Turns it runs.
+"""Control notices on one pub/sub connection per worker process: cancels, routed to the Turns it
+runs, and "a job is queued" on its queue, which makes it poll at once.
 
-The notice is the fast path; the Run's cancel flag is the truth, read again on every lease
+A cancel notice is the fast path; the Run's cancel flag is the truth, read again on every lease
 renewal and whenever this listener (re)connects, so a missed notice delays a cancel by at most a
-third of the lease TTL.
+third of the lease TTL. A missed job notice delays a Turn by at most one poll of arq's queue.
 """
 
 from __future__ import annotations
@@ -16,22 +17,30 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from fleet_shared import redis_keys
-from fleet_shared.event_log import control_channel
+from fleet_shared.event_log import control_channel, jobs_channel
 
 log = structlog.get_logger(__name__)
 MIN_RETRY_SECONDS = 0.2
 MAX_RETRY_SECONDS = 5.0
 
 
-class CancelListener:
-    def __init__(self, redis: Redis, listener: Redis) -> None:
+class ControlListener:
+    def __init__(
+        self,
+        redis: Redis,
+        listener: Redis,
+        queue: str | None = None,
+        on_job_queued: Callable[[], None] | None = None,
+    ) -> None:
         self.redis = redis  # commands (with retries)
         self.listener = listener  # the subscription (reads wait as long as it takes)
         self.watchers: dict[str, Callable[[], None]] = {}
         self.task: asyncio.Task[None] | None = None
+        self.jobs = jobs_channel(listener, queue).encode() if queue and on_job_queued else None
+        self.on_job_queued = on_job_queued
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self.listen_forever(), name="fleet-cancel-listener")
+        self.task = asyncio.create_task(self.listen_forever(), name="fleet-control-listener")
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -53,7 +62,7 @@ class CancelListener:
         try:
             await self.notify_flagged(run_ids)
         except (RedisError, OSError) as exc:
-            log.warning("cancel_listener.check_failed", error_type=type(exc).__name__)
+            log.warning("control_listener.check_failed", error_type=type(exc).__name__)
 
     async def notify_flagged(self, run_ids: list[str]) -> None:
         if not run_ids:
@@ -75,15 +84,19 @@ class CancelListener:
         while True:
             pubsub = self.listener.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(control_channel(self.listener))
+                await pubsub.subscribe(control_channel(self.listener), *([self.jobs] if self.jobs else []))
                 delay = MIN_RETRY_SECONDS
                 await self.check_flags(list(self.watchers))  # what we missed while away
                 async for message in pubsub.listen():
-                    if message.get("type") == "message":
+                    if message.get("type") != "message":
+                        continue
+                    if message["channel"] == self.jobs and self.on_job_queued is not None:
+                        self.on_job_queued()
+                    else:
                         self.notify(message["data"].decode(errors="replace"))
             except Exception as exc:  # any failure: log it and listen again, cancels must arrive
                 log.warning(
-                    "cancel_listener.disconnected",
+                    "control_listener.disconnected",
                     error_type=type(exc).__name__,
                     error=str(exc),
                     retry_in=delay,

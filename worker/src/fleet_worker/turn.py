@@ -27,7 +27,7 @@ from fleet_shared.events import Answer, ChildProgress, StatusChanged, Warning
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker import metrics
-from fleet_worker.control import CancelListener
+from fleet_worker.control import ControlListener
 from fleet_worker.conversation import load_conversation
 from fleet_worker.errors import LeaseLost, SandboxFailed, TurnCancelled
 from fleet_worker.lease import RunLease
@@ -65,7 +65,7 @@ class WorkerDeps:
     scripts: dict[Path, Script]
     programs: Executor  # RLM programs, one thread per concurrent Turn
     sandbox_ops: Executor  # acquire, interrupt, release: never queued behind a program
-    cancels: CancelListener
+    cancels: ControlListener
     worker_id: str = "worker"
 
 

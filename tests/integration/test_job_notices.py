@@ -1,0 +1,148 @@
+"""Job notices: a worker whose poll of arq's queue is far away still takes an announced Turn at
+once, two workers hearing the same notice run it once, and an unannounced job still waits for
+the poll (the notice is a fast path, never the only one). Real arq workers, real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+import pytest
+from arq import Worker
+from litestar.testing import TestClient
+
+from fleet_gateway.app import create_app
+from fleet_shared.db import queries
+from fleet_shared.events import RunCompleted
+from fleet_shared.queue import RUN_TURN, announce_queued
+from fleet_worker.app import build_worker
+from tests.integration.harness import Harness
+
+SUBMIT = {"lm": "root", "reasoning": "Done.", "code": "SUBMIT(answer='noticed')"}
+SLOW_POLL_SECONDS = 5.0  # the longest poll_delay_seconds allows: arq's own poll stays out of the way
+TAKEN_WITHIN_SECONDS = 10.0  # a hang guard, far above the notice's real latency
+
+
+def slow_polling(harness: Harness) -> Harness:
+    profile = harness.settings.profile
+    worker = msgspec.structs.replace(profile.worker, poll_delay_seconds=SLOW_POLL_SECONDS)
+    settings = msgspec.structs.replace(
+        harness.settings, profile=msgspec.structs.replace(profile, worker=worker)
+    )
+    return Harness(settings, harness.sessions, harness.redis)
+
+
+@contextlib.asynccontextmanager
+async def running(harness: Harness, count: int = 1) -> AsyncIterator[list[Worker]]:
+    """`count` long-running workers (not burst), up once their first poll is behind them."""
+    workers = [build_worker(harness.settings) for _ in range(count)]
+    tasks = [asyncio.create_task(worker.main()) for worker in workers]
+    try:
+        deadline = time.monotonic() + TAKEN_WITHIN_SECONDS
+        while not all("deps" in worker.ctx for worker in workers):
+            assert time.monotonic() < deadline, "the workers never started"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # their first poll (an empty queue) and subscriptions are done
+        yield workers
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for worker in workers:
+            await worker.close()
+
+
+async def status_of(harness: Harness, run_id: str) -> str:
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+    assert run is not None
+    return run.status
+
+
+async def until(check: Callable[[], Any], within: float) -> float:
+    started = time.monotonic()
+    while not await check():
+        assert time.monotonic() - started < within, "timed out"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def enqueue(harness: Harness, run_id: str, *, announce: bool) -> None:
+    arq = harness.arq()
+    try:
+        assert await arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id) is not None
+        if announce:
+            await announce_queued(arq, harness.settings.profile.worker.queue_name)
+    finally:
+        await arq.aclose()
+
+
+async def test_an_announced_turn_is_taken_before_the_next_poll(harness_factory: Any) -> None:
+    harness = slow_polling(harness_factory(SUBMIT))
+    async with running(harness):
+        run_id = await harness.submit(enqueue=False)
+        await enqueue(harness, run_id, announce=True)
+        taken = await until(
+            lambda: _not_queued(harness, run_id), within=min(TAKEN_WITHIN_SECONDS, SLOW_POLL_SECONDS / 2)
+        )
+        await until(lambda: _is(harness, run_id, "completed"), within=TAKEN_WITHIN_SECONDS * 3)
+    assert taken < SLOW_POLL_SECONDS / 2
+
+
+async def test_two_workers_hearing_one_notice_run_the_turn_once(harness_factory: Any) -> None:
+    harness = slow_polling(harness_factory(SUBMIT))
+    async with running(harness, count=2) as workers:
+        run_id = await harness.submit(enqueue=False)
+        await enqueue(harness, run_id, announce=True)
+        await until(lambda: _is(harness, run_id, "completed"), within=TAKEN_WITHIN_SECONDS * 3)
+        await asyncio.sleep(0.5)  # a second start, if any, would have begun by now
+        started = sum(worker.jobs_complete + worker.jobs_failed + worker.jobs_retried for worker in workers)
+    assert started == 1
+    events = await harness.events(run_id)
+    assert sum(1 for event in events if isinstance(event, RunCompleted)) == 1
+
+
+async def test_an_unannounced_job_waits_for_the_poll(harness_factory: Any) -> None:
+    """The notice is what makes the difference: without it the job sits until arq polls."""
+    harness = slow_polling(harness_factory(SUBMIT))
+    async with running(harness):
+        run_id = await harness.submit(enqueue=False)
+        await enqueue(harness, run_id, announce=False)
+        with pytest.raises(AssertionError, match="timed out"):
+            await until(lambda: _not_queued(harness, run_id), within=2.0)
+
+
+async def _not_queued(harness: Harness, run_id: str) -> bool:
+    return await status_of(harness, run_id) != "queued"
+
+
+async def _is(harness: Harness, run_id: str, status: str) -> bool:
+    return await status_of(harness, run_id) == status
+
+
+async def test_a_turn_posted_to_the_gateway_is_taken_at_once(harness_factory: Any) -> None:
+    """The gateway announces each Turn it queues: through the real app, the Turn streams to its
+    end long before the worker's own poll would have found it."""
+    harness = slow_polling(harness_factory(SUBMIT))
+    async with running(harness):
+        client = TestClient(create_app(harness.settings))
+        await asyncio.to_thread(client.__enter__)  # blocking calls leave this loop to the worker
+        try:
+            session = await asyncio.to_thread(client.post, "/api/sessions", json={})
+            started = time.monotonic()
+            response = await asyncio.to_thread(
+                client.post,
+                f"/api/sessions/{session.json()['id']}/turns",
+                json={"text": "hi"},
+                headers={"Idempotency-Key": "k"},
+            )
+            took = time.monotonic() - started
+        finally:
+            await asyncio.to_thread(client.__exit__, None, None, None)
+    assert response.status_code == 200
+    assert "noticed" in response.text and response.text.rstrip().endswith("data: [DONE]")
+    assert took < SLOW_POLL_SECONDS / 2
