@@ -320,6 +320,33 @@ def test_release_stops_every_session(open_lease: Callable[..., LocalSandboxLease
         run(sessions[0], "print(1)")
 
 
+def test_a_lease_starts_its_repl_before_the_program_asks(
+    open_lease: Callable[..., LocalSandboxLease],
+) -> None:
+    """No warm REPL for the workspace: the lease starts one at once, so the spawn overlaps the
+    Run's staging and its program's setup; the program's start() then finds it up."""
+    lease = open_lease(pool_size=0)
+    session = lease.interpreter_factory()  # hands the REPL out; nothing here starts it
+    deadline = time.monotonic() + 20
+    while session.pid is None:
+        assert time.monotonic() < deadline, "the REPL never started on its own"
+        time.sleep(0.01)
+    pid = session.pid
+    session.start()
+    assert session.pid == pid  # start() waited for that REPL rather than spawning another
+    assert ok(session, "print(6 * 7)") == "42\n"
+
+
+def test_a_lease_released_while_its_repl_starts_leaves_nothing(
+    open_lease: Callable[..., LocalSandboxLease], workspace: Path
+) -> None:
+    open_lease(pool_size=0).release()
+    deadline = time.monotonic() + 20
+    while processes_with(str(workspace)):
+        assert time.monotonic() < deadline, "a REPL of the released lease is still running"
+        time.sleep(0.05)
+
+
 def test_acquire_creates_the_workspace_layout(
     open_lease: Callable[..., LocalSandboxLease], workspace: Path
 ) -> None:

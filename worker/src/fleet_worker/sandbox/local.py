@@ -97,11 +97,14 @@ class LocalSandboxLease:
         self._cfg = cfg
         self._caps = caps
         self._pool = pool
-        self._warm = pool.take(workspace) if pool is not None else None
         self.files = LocalWorkspaceFiles(workspace, launch.run_as)
         self._sessions: list[ReplSession] = []
         self._released = False
         self._lock = threading.Lock()
+        # The REPL the Run's program will use: warm from the pool, else starting from now on.
+        self._warm = (
+            (pool.take(workspace) or pool.start_early(self.make_session)) if pool is not None else None
+        )
 
     def interpreter_factory(self) -> ReplSession:
         """A fresh REPL (started lazily by its first execute, or by start())."""

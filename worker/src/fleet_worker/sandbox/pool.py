@@ -1,5 +1,7 @@
 """Warm REPLs: when a Run releases its workspace, a fresh REPL is started for that workspace's
-next Run, so that Run's lease is ready at once.
+next Run, so that Run's lease is ready at once. A Run that finds none gets its REPL started the
+moment its lease is made (`start_early`), so the spawn overlaps the Run's staging and its
+program's setup (and, with a provider LM, its first LM call) instead of preceding them.
 
 A REPL is never handed to another workspace, and never to a second Run: each warm REPL is new,
 started after the last Run's REPLs were shut down and its workspace sanitized. The pool holds at
@@ -21,6 +23,7 @@ from fleet_worker.sandbox.errors import SandboxError
 from fleet_worker.sandbox.session import ReplSession
 
 log = structlog.get_logger(__name__)
+EARLY_STARTERS = 8  # REPLs starting at once for new leases; more wait, or start on first use
 
 
 class WarmPool:
@@ -30,6 +33,7 @@ class WarmPool:
         self._entries: OrderedDict[Path, tuple[float, ReplSession]] = OrderedDict()
         self._lock = threading.Lock()
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-sandbox-warm")
+        self._early = ThreadPoolExecutor(max_workers=EARLY_STARTERS, thread_name_prefix="fleet-sandbox-early")
         self._closed = False
 
     def take(self, workspace: Path) -> ReplSession | None:
@@ -43,6 +47,22 @@ class WarmPool:
             self._retire(session)
             return None
         return session
+
+    def start_early(self, make: Callable[[], ReplSession]) -> ReplSession:
+        """A new REPL for a Run that found none warm, starting now in the background. Its first
+        start() or execute() waits for this start (ReplSession serializes them), or spawns anew
+        if it failed: a failure here is only logged, the Run meets it where it always did."""
+        session = make()
+        if not self._closed:
+            self._early.submit(self._start_quietly, session)
+        return session
+
+    @staticmethod
+    def _start_quietly(session: ReplSession) -> None:
+        try:
+            session.start()
+        except SandboxError as exc:  # shut down before it started, or the spawn failed
+            log.debug("sandbox.early_start_failed", error=str(exc))
 
     def prewarm(self, workspace: Path, make: Callable[[], ReplSession]) -> None:
         """Start a REPL for the workspace's next Run, in the background."""
@@ -87,5 +107,6 @@ class WarmPool:
             sessions = [session for _at, session in self._entries.values()]
             self._entries.clear()
         self._starter.shutdown(wait=True)
+        self._early.shutdown(wait=True, cancel_futures=True)
         for session in sessions:
             self._retire(session)
