@@ -75,47 +75,70 @@ def run(*, quick: bool = False, repeats: int | None = None, warmup: int | None =
          "workers": 1, "worker_concurrency": 4},
         baseline="the same dspy.RLM program in-process with dspy LocalInterpreter (the floor)",
     )  # fmt: skip
-    first_bytes: list[float] = []
-    first_frames: list[float] = []
+    first_bytes: dict[str, list[float]] = {"new_session": [], "same_session": []}
     with fleet_stack.stack(script=SCRIPT) as st:
         st.start(workers=1)
         st.wait_workers_ready(1)
+        conversation = fleet_stack.new_session(st.url)
 
-        def subject() -> float:
-            session = fleet_stack.new_session(st.url)
-            result = fleet_stack.post_turn(st.port, session)
-            if not result.done or b'"finishReason":"stop"' not in result.raw:
-                raise RuntimeError(f"the Turn did not finish: {result.raw[-600:]!r}\n{st.logs()}")
-            first_bytes.append(result.first_byte_s)
-            if result.first_frame_s is not None:
-                first_frames.append(result.first_frame_s)
-            return result.end_s
+        def subject(kind: str) -> Callable[[], float]:
+            def one() -> float:
+                session = fleet_stack.new_session(st.url) if kind == "new_session" else conversation
+                result = fleet_stack.post_turn(st.port, session)
+                if not result.done or b'"finishReason":"stop"' not in result.raw:
+                    raise RuntimeError(f"the Turn did not finish: {result.raw[-600:]!r}\n{st.logs()}")
+                first_bytes[kind].append(result.first_byte_s)
+                return result.end_s
+
+            return one
 
         samples = interleave(
-            {"fleet": subject, "floor": lambda: baseline_turn(st.script_path)}, warmup=warmup, repeats=repeats
+            {
+                "new_session": subject("new_session"),
+                "same_session": subject("same_session"),
+                "floor": lambda: baseline_turn(st.script_path),
+            },
+            warmup=warmup,
+            repeats=repeats,
         )
     # The warm-up samples of the first-byte lists are dropped with the rest of the warm-up.
-    first_bytes, first_frames = first_bytes[warmup:], first_frames[warmup:]
-    end_to_end = compared(samples["fleet"], samples["floor"])
+    bytes_new, bytes_same = first_bytes["new_session"][warmup:], first_bytes["same_session"][warmup:]
+    new = compared(samples["new_session"], samples["floor"])
+    same = compared(samples["same_session"], samples["floor"])
+    first_byte = summary(bytes_new + bytes_same)
     receipt.figures = {
-        "end_to_end": end_to_end,
-        "first_byte": summary(first_bytes),
-        "first_frame": summary(first_frames),
-        "overhead_p50_ms": round(end_to_end["subject"]["p50_ms"] - end_to_end["baseline"]["p50_ms"], 3),
+        "end_to_end_new_session": new,
+        "end_to_end_same_session": same,
+        "first_byte": first_byte,
+        "first_byte_new_session": summary(bytes_new),
+        "first_byte_same_session": summary(bytes_same),
+        "overhead_p50_ms": {
+            "new_session": round(new["subject"]["p50_ms"] - new["baseline"]["p50_ms"], 3),
+            "same_session": round(same["subject"]["p50_ms"] - same["baseline"]["p50_ms"], 3),
+        },
     }
-    receipt.ratios = {"end_to_end_vs_floor": {k: v for k, v in end_to_end.items() if k.startswith("ratio")}}
-    floor = end_to_end["baseline"]["p50_ms"]
-    fleet_p50 = end_to_end["subject"]["p50_ms"]
-    limit = 1.3 * floor + 20
+    receipt.ratios = {
+        "new_session_vs_floor": {k: v for k, v in new.items() if k.startswith("ratio")},
+        "same_session_vs_floor": {k: v for k, v in same.items() if k.startswith("ratio")},
+    }
+    floor = new["baseline"]["p50_ms"]
+    limit = round(1.3 * floor + 20, 3)
     receipt.goals = [
-        goal("end_to_end", "p50 ≤ 1.3 x floor + 20 ms", {"p50_ms": fleet_p50, "limit_ms": round(limit, 3)},
-             fleet_p50 <= limit),
-        goal("first_byte", "p50 ≤ 3 ms", {"p50_ms": summary(first_bytes).get("p50_ms")},
-             summary(first_bytes).get("p50_ms", 1e9) <= 3.0),
+        goal("end_to_end_same_session", "p50 ≤ 1.3 x floor + 20 ms (a Turn in a running conversation)",
+             {"p50_ms": same["subject"]["p50_ms"], "limit_ms": limit}, same["subject"]["p50_ms"] <= limit),
+        goal("end_to_end_new_session", "p50 ≤ 1.3 x floor + 20 ms (a session's first Turn)",
+             {"p50_ms": new["subject"]["p50_ms"], "limit_ms": limit}, new["subject"]["p50_ms"] <= limit),
+        goal("first_byte", "p50 ≤ 3 ms", {"p50_ms": first_byte.get("p50_ms")},
+             first_byte.get("p50_ms", 1e9) <= 3.0),
     ]  # fmt: skip
     receipt.notes.append(
         "first_byte: from just before the POST is written on a raw socket to the first response "
-        "byte (headers); first_frame: to the first `data:` frame. One fresh session per sample."
+        "byte (headers), over both kinds of Turn. new_session: each sample a session's first Turn; "
+        "same_session: every sample in one session, whose workspace has a warm REPL waiting (the pool "
+        "starts it when the previous Turn releases the workspace). A session's first Turn starts its "
+        "REPL when its lease is made, so the spawn (bwrap, then Python's start-up in the jail: ~35 ms "
+        "here) overlaps the program's setup and, with a provider LM, its first LM call; with the "
+        "zero-delay scripted lines there is nothing to hide it behind."
     )
     body, path = receipt.write()
     body["receipt_path"] = str(path)

@@ -75,8 +75,9 @@ def test_the_sandbox_lane_measures_both_sides() -> None:
 def test_the_turn_lane_measures_fleet_and_the_in_process_floor() -> None:
     body = turn.run(quick=True, repeats=2, warmup=1)
     assert_receipt(body, "turn")
-    assert_both_sides(body["figures"]["end_to_end"])
-    assert body["figures"]["first_byte"]["n"] == 2
+    assert_both_sides(body["figures"]["end_to_end_new_session"])
+    assert_both_sides(body["figures"]["end_to_end_same_session"])
+    assert body["figures"]["first_byte"]["n"] == 4  # two samples of each kind of Turn
 
 
 def test_the_fanout_lane_measures_streams_raw_pubsub_and_the_relay() -> None:
