@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -20,11 +21,21 @@ from fleet_shared.db import queries
 from fleet_shared.events import RunCompleted
 from fleet_shared.queue import RUN_TURN, announce_queued
 from fleet_worker.app import build_worker
+from tests.conftest import migrate
 from tests.integration.harness import Harness
 
 SUBMIT = {"lm": "root", "reasoning": "Done.", "code": "SUBMIT(answer='noticed')"}
 SLOW_POLL_SECONDS = 5.0  # the longest poll_delay_seconds allows: arq's own poll stays out of the way
 TAKEN_WITHIN_SECONDS = 10.0  # a hang guard, far above the notice's real latency
+
+
+@pytest.fixture
+async def database_url(tmp_path: Path) -> str:
+    """A database of each test's own (for the harness): the workers' sweepers requeue, and
+    announce, the queued Runs they find, and the shared test databases hold other tests' Runs."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'fleet.db'}"
+    await asyncio.to_thread(migrate, url)
+    return url
 
 
 def slow_polling(harness: Harness) -> Harness:
@@ -104,6 +115,9 @@ async def test_two_workers_hearing_one_notice_run_the_turn_once(harness_factory:
     assert started == 1
     events = await harness.events(run_id)
     assert sum(1 for event in events if isinstance(event, RunCompleted)) == 1
+    async with harness.sessions() as db:
+        run = await queries.get_run(db, run_id)
+    assert run is not None and run.attempt == 1  # claimed once
 
 
 async def test_an_unannounced_job_waits_for_the_poll(harness_factory: Any) -> None:
