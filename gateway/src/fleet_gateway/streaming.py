@@ -13,6 +13,7 @@ import random
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import structlog
 from redis.asyncio import Redis
@@ -35,7 +36,7 @@ from fleet_gateway.projection import (
 from fleet_shared import event_log
 from fleet_shared.db import queries
 from fleet_shared.db.models import Run
-from fleet_shared.events import RunCancelled, RunCompleted, RunEvent, RunFailed
+from fleet_shared.events import Phase, RunCancelled, RunCompleted, RunEvent, RunFailed
 from fleet_shared.run_state import RunStatus, is_terminal
 
 log = structlog.get_logger(__name__)
@@ -241,11 +242,72 @@ def apply_notices(notices: list[Notice], state: StreamState, cursor: Cursor) -> 
             applied.closing = True
             break
         if notice is not None and notice.seq == state.projected_seq + 1:
-            applied.frames.extend(emit([notice], state, cursor))
+            data = emit_live(notice, state, cursor)
+            if data:
+                applied.frames.append(data)
         else:
             applied.gap = True
             applied.resync = applied.resync or notice is None
     return applied
+
+
+# --- frames shared by the streams of a Run ------------------------------------------------------
+
+SHARED_FRAMES_KEPT = 512  # recent live events whose frames are remembered (each entry holds its event)
+
+
+@dataclass(frozen=True)
+class SharedFrames:
+    """One live event's frames as a caught-up stream sends them. The fan-out hands every stream
+    of a Run the same event object, and streams in the same state send the same bytes: the first
+    stream to reach the event projects and encodes it, the others take the result."""
+
+    event: RunEvent
+    before: Snapshot  # the stream state it applies to
+    after: Snapshot  # the stream state it leaves
+    data: bytes
+    position: Position | None  # the cursor after it (None: the event had no chunks)
+
+
+SHARED_FRAMES: dict[int, SharedFrames] = {}  # by id(event); insertion order is age
+
+
+class Snapshot(NamedTuple):
+    """Everything of a stream's state that `project` reads or changes, but projected_seq."""
+
+    phase: Phase
+    step_open: bool
+    open_tools: frozenset[str]
+    finished: bool
+    idempotent_replay: bool
+
+
+def snapshot(state: StreamState) -> Snapshot:
+    tools = frozenset(state.open_tools)
+    return Snapshot(state.phase, state.step_open, tools, state.finished, state.idempotent_replay)
+
+
+def emit_live(event: RunEvent, state: StreamState, cursor: Cursor) -> bytes:
+    """emit() for a stream's next live event, shared by the Run's streams that are caught up."""
+    if cursor.position >= Position(event.seq, 0):  # resumed inside this event: frames of its own
+        return b"".join(emit([event], state, cursor))
+    before = snapshot(state)
+    shared = SHARED_FRAMES.get(id(event))
+    if shared is not None and shared.event is event and shared.before == before:
+        after = shared.after
+        state.phase, state.step_open, state.finished = after.phase, after.step_open, after.finished
+        state.open_tools = set(after.open_tools)
+        state.projected_seq = max(state.projected_seq, event.seq)
+        if shared.position is not None:
+            cursor.position, cursor.controls = shared.position, 0
+        return shared.data
+    frames = emit([event], state, cursor)
+    data = b"".join(frames)
+    position = cursor.position if frames else None
+    SHARED_FRAMES[id(event)] = SharedFrames(event, before, snapshot(state), data, position)
+    if len(SHARED_FRAMES) > SHARED_FRAMES_KEPT:
+        del SHARED_FRAMES[next(iter(SHARED_FRAMES))]
+    return data
 
 
 def drain(queue: asyncio.Queue[Notice]) -> list[Notice]:
