@@ -331,14 +331,17 @@ def process_tree(pid: int) -> list[int]:
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of these processes (live ones), in seconds."""
+    """User + system CPU time of these processes (live ones) and of the children they reaped, in
+    seconds: a worker's REPLs come and go within a measurement, and their time lands in their
+    parent's cutime/cstime once reaped (the kernel adds each child's own reaped children too)."""
     total = 0
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        # utime, stime, cutime, cstime: fields 14-17 of stat (the split starts at field 3)
+        total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
     return total / CLOCK_TICKS
 
 
