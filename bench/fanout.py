@@ -274,6 +274,4 @@ def run(
         "alternating by level) on Runs of their own; throughput = delivered events per CPU-second of "
         "the serving process, idle CPU subtracted"
     )
-    body, path = receipt.write()
-    body["receipt_path"] = str(path)
-    return body
+    return receipt.written()

@@ -181,7 +181,9 @@ class Receipt:
             body["skipped"] = self.skipped
         return body
 
-    def write(self, directory: Path = RECEIPTS) -> tuple[dict[str, Any], Path]:
+    def write(self, directory: Path | None = None) -> tuple[dict[str, Any], Path]:
+        """Into `directory`, by default RECEIPTS (read at call time, so tests can move it)."""
+        directory = directory or RECEIPTS
         body = self.finish()
         directory.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.started))
@@ -193,10 +195,17 @@ class Receipt:
         path.write_text(json.dumps(body, indent=2) + "\n")
         return body, path
 
+    def written(self) -> dict[str, Any]:
+        """write() to the default folder; the body, with where it went as `receipt_path`."""
+        body, path = self.write()
+        body["receipt_path"] = str(path)
+        return body
 
-def latest_receipts(directory: Path = RECEIPTS) -> dict[str, tuple[Path, dict[str, Any]]]:
+
+def latest_receipts(directory: Path | None = None) -> dict[str, tuple[Path, dict[str, Any]]]:
     """The newest receipt of each lane (by its `at`, then by when the file was written: two runs
     in one second share `at`, and `-2` sorts before `.json` by name)."""
+    directory = directory or RECEIPTS
     found: dict[str, tuple[tuple[str, int], Path, dict[str, Any]]] = {}
     for path in sorted(directory.glob("*.json")):
         try:

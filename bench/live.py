@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from typing import Any
 
 from bench import stack as fleet_stack
@@ -93,9 +94,7 @@ def run(
     if not os.environ.get("FLEET_LM_MODEL"):
         receipt.skipped = ("set FLEET_LM_MODEL (and FLEET_LM_API_KEY, optionally FLEET_LM_BASE_URL) "
                            "to run the live lane against a real provider")  # fmt: skip
-        body, path = receipt.write()
-        body["receipt_path"] = str(path)
-        return body
+        return receipt.written()
     price_in = float(os.environ.get("FLEET_BENCH_PRICE_INPUT_PER_MTOK", "0") or 0)
     price_out = float(os.environ.get("FLEET_BENCH_PRICE_OUTPUT_PER_MTOK", "0") or 0)
     rng = random.Random(seed)
@@ -111,7 +110,7 @@ def run(
                 _, run_body = fleet_stack.http(st.url, "GET", f"/api/runs/{result.run_id}")
                 tin, tout = tokens(run_body.get("usage") if isinstance(run_body, dict) else None)
                 entry = per_kind.setdefault(kind, {"correct": [], "latency": [], "cost": [], "tokens": []})
-                entry["correct"].append(expected in answer)
+                entry["correct"].append(expected in re.findall(r"\d+", answer))  # "12" is not in "112"
                 entry["latency"].append(result.end_s)
                 entry["cost"].append(tin / 1e6 * price_in + tout / 1e6 * price_out)
                 entry["tokens"].append([tin, tout])
@@ -127,6 +126,4 @@ def run(
     if not (price_in or price_out):
         receipt.notes.append("no prices set (FLEET_BENCH_PRICE_*_PER_MTOK): $ per Turn is 0")
     receipt.goals = [goal("report", "reports accuracy, $ per Turn and p50/p95 latency", True, True)]
-    body, path = receipt.write()
-    body["receipt_path"] = str(path)
-    return body
+    return receipt.written()

@@ -96,6 +96,4 @@ def run(*, quick: bool = False, kills: int | None = None, cancels: int | None = 
         "the worker's whole process group (its sandboxes too) gets the SIGKILL; a new "
         "worker is started after each kill, outside the timed part"
     )
-    body, path = receipt.write()
-    body["receipt_path"] = str(path)
-    return body
+    return receipt.written()

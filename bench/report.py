@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.harness import RECEIPTS, latest_receipts
+from bench import harness
+from bench.harness import latest_receipts
 
 MARK = {True: "met", False: "MISSED", None: "not measured"}
 
@@ -89,7 +90,8 @@ def plot(latest: dict[str, tuple[Path, dict[str, Any]]], out: Path) -> str:
     return f"plot: {out.name}"
 
 
-def write_report(directory: Path = RECEIPTS) -> tuple[str, list[Path]]:
+def write_report(directory: Path | None = None) -> tuple[str, list[Path]]:
+    directory = directory or harness.RECEIPTS
     latest = latest_receipts(directory)
     parts = ["# fleet bench: latest receipts", ""]
     if not latest:

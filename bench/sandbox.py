@@ -137,9 +137,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             turn_ratio <= 1.1,
         ),
     ]
-    body, path = receipt.write()
-    body["receipt_path"] = str(path)
-    return body
+    return receipt.written()
 
 
 def leases(provider: LocalSandboxProvider, root: Path, rounds: int) -> tuple[dict[str, Any], dict[str, Any]]:

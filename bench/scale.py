@@ -32,7 +32,7 @@ def measure(st: fleet_stack.Stack, slots: int, waves: int) -> tuple[float, float
     elapsed = time.perf_counter() - started
     tree = [pid for proc in st.workers for pid in fleet_stack.process_tree(proc.pid)]
     cores = max(0.0, fleet_stack.cpu_seconds(tree) - cpu_before) / elapsed / max(1, len(st.workers))
-    failed = [r for r in results if b'"finishReason":"stop"' not in r.raw]
+    failed = [r for r in results if not r.finished]
     if failed:
         raise RuntimeError(f"{len(failed)} Turns did not finish: {failed[0].raw[-400:]!r}")
     return len(results) / elapsed, cores
@@ -120,6 +120,4 @@ def run(
         "concurrency levels: one worker process started with `fleet worker --concurrency c`, c "
         "parallel clients; worker_cpu_cores counts the worker and its sandboxes"
     )
-    body, path = receipt.write()
-    body["receipt_path"] = str(path)
-    return body
+    return receipt.written()

@@ -49,9 +49,11 @@ def run(
                 "SELECT run_id, count(*) FROM turns GROUP BY run_id HAVING count(*) != 2"
             ).fetchall()
     run_ids = [r.run_id for r in results]
-    finished = [r for r in results if r.done and b'"finishReason":"stop"' in r.raw]
+    finished = [r for r in results if r.finished]
     lost = [rid for rid in run_ids if rid is None or runs.get(rid) != "completed"]
-    duplicated = len(run_ids) - len(set(run_ids)) + len(runs) - len(set(run_ids)) + len(per_run)
+    named = {rid for rid in run_ids if rid is not None}
+    # A run id answered twice, a Run no answer named, a Run whose history is not one user + one assistant.
+    duplicated = len(run_ids) - len(set(run_ids)) + len(set(runs) - named) + len(per_run)
     at_tenth = marks.get("after_first_10pct", marks["start"])
     growth = (marks["end"] - at_tenth) / at_tenth if at_tenth else None
     receipt.figures = {
@@ -59,7 +61,7 @@ def run(
         "streams_finished": len(finished),
         "runs_in_db": len(runs),
         "runs_completed_in_db": sum(1 for status in runs.values() if status == "completed"),
-        "lost": len(lost) + (turns - len(results)),
+        "lost": len(lost),
         "duplicated": duplicated,
         "turns_per_s": round(len(results) / elapsed, 3),
         "turn_latency": summary([r.end_s for r in results]),
@@ -77,6 +79,4 @@ def run(
         "duplicated counts repeated run ids in the answers, Runs in the DB that no answer "
         "named, and Runs whose committed history is not exactly one user + one assistant message"
     )
-    body, path = receipt.write()
-    body["receipt_path"] = str(path)
-    return body
+    return receipt.written()

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet_shared.redis_keys import WORKER_SANDBOX_PATTERN
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-WORKER_ANNOUNCEMENT = "fleet:worker:*:sandbox"  # fleet_shared.redis_keys.WORKER_SANDBOX_PATTERN
 
 
 def free_port() -> int:
@@ -225,7 +226,7 @@ class Stack:
 
         client = redis_sync.Redis.from_url(self.redis_url)
         try:
-            for key in list(client.scan_iter(match=WORKER_ANNOUNCEMENT, count=1000)):
+            for key in list(client.scan_iter(match=WORKER_SANDBOX_PATTERN, count=1000)):
                 client.delete(key)
         finally:
             client.close()
@@ -279,7 +280,7 @@ class Stack:
                 for proc in self.workers:
                     if proc.poll() is not None:
                         raise RuntimeError(f"a worker exited with {proc.returncode}: {self.logs()}")
-                beats = sum(1 for _ in client.scan_iter(match=WORKER_ANNOUNCEMENT, count=1000))
+                beats = sum(1 for _ in client.scan_iter(match=WORKER_SANDBOX_PATTERN, count=1000))
                 if beats >= count:
                     return
                 time.sleep(0.1)
@@ -406,6 +407,11 @@ class StreamResult:
     def aborted(self) -> bool:
         return b'"type":"abort"' in self.raw
 
+    @property
+    def finished(self) -> bool:
+        """Read to `[DONE]` after a `finish` with reason `stop`: the Turn answered."""
+        return self.done and b'"finishReason":"stop"' in self.raw
+
 
 def raw_request(
     port: int, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
@@ -455,11 +461,7 @@ def read_stream(
     raw = b"".join(chunks)
     head = raw.split(b"\r\n\r\n", 1)[0].decode("latin-1")
     status = int(head.split(" ", 2)[1]) if head.startswith("HTTP/") else 0
-    run_id = None
-    for line in head.split("\r\n")[1:]:
-        key, _, value = line.partition(":")
-        if key.strip().lower() == "x-fleet-run-id":
-            run_id = value.strip()
+    run_id = header(raw, "x-fleet-run-id")
     return StreamResult(
         status, run_id, started, first_byte or end, first_frame, end, b"data: [DONE]" in raw, raw
     )

@@ -85,7 +85,7 @@ def run(*, quick: bool = False, repeats: int | None = None, warmup: int | None =
             def one() -> float:
                 session = fleet_stack.new_session(st.url) if kind == "new_session" else conversation
                 result = fleet_stack.post_turn(st.port, session)
-                if not result.done or b'"finishReason":"stop"' not in result.raw:
+                if not result.finished:
                     raise RuntimeError(f"the Turn did not finish: {result.raw[-600:]!r}\n{st.logs()}")
                 first_bytes[kind].append(result.first_byte_s)
                 return result.end_s
@@ -140,6 +140,4 @@ def run(*, quick: bool = False, repeats: int | None = None, warmup: int | None =
         "here) overlaps the program's setup and, with a provider LM, its first LM call; with the "
         "zero-delay scripted lines there is nothing to hide it behind."
     )
-    body, path = receipt.write()
-    body["receipt_path"] = str(path)
-    return body
+    return receipt.written()

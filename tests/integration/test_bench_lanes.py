@@ -16,7 +16,6 @@ from bench import fanout, harness, live, recovery, report, sandbox, scale, soak,
 def receipts_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Receipts go to a temp dir, not bench/receipts/."""
     monkeypatch.setattr(harness, "RECEIPTS", tmp_path)
-    monkeypatch.setattr(harness.Receipt.write, "__defaults__", (tmp_path,))
     return tmp_path
 
 

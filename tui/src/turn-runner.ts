@@ -69,15 +69,17 @@ export async function runTurn(options: RunTurnOptions): Promise<TurnView> {
     let reason = resumeFailure ?? "the stream ended early";
     resumeFailure = undefined;
     if (body) {
+      const before = view.lastEventId;
       try {
-        const received = await consume(body, view, apply, options);
-        if (received) {
-          attempt = 0;
-          failingSince = undefined;
-        }
+        await consume(body, view, apply, options);
       } catch (error) {
         if (options.signal?.aborted) throw error;
         reason = error instanceof Error ? error.message : String(error);
+      }
+      // Progress, even on a connection that then broke, starts the back-off and the give-up clock over.
+      if (view.lastEventId !== before) {
+        attempt = 0;
+        failingSince = undefined;
       }
     }
     if (isSettled(view) || view.done) return view;
@@ -120,15 +122,13 @@ async function postWithRetry(options: RunTurnOptions, key: string, backoff: Back
   }
 }
 
-/** Reads one connection's frames into the view; true when at least one frame arrived. */
-async function consume(body: ReadableStream<Uint8Array>, start: TurnView, apply: (view: TurnView) => void, options: RunTurnOptions): Promise<boolean> {
+/** Reads one connection's frames into the view. */
+async function consume(body: ReadableStream<Uint8Array>, start: TurnView, apply: (view: TurnView) => void, options: RunTurnOptions): Promise<void> {
   let view = start;
-  let received = false;
   const idle = new IdleWatch(body, options.idleTimeoutMs ?? 35_000);
   try {
     for await (const frame of readFrames(idle.stream)) {
       idle.touch();
-      received = true;
       view = reduceFrame(view, frame);
       apply(view);
       if (frame.kind === "done") break;
@@ -137,7 +137,6 @@ async function consume(body: ReadableStream<Uint8Array>, start: TurnView, apply:
     idle.stop();
   }
   if (idle.fired) throw new Error("the stream went silent");
-  return received;
 }
 
 /** Errors a body that sends nothing for `timeoutMs`, so a half-open connection gets resumed. */

@@ -16,6 +16,7 @@ interface Scenario {
   postFailures: number; // POSTs answered by closing the socket before any response
   cutAfter: number; // events sent on the POST stream before the connection drops
   refusedResumes: number; // resume GETs answered 503 first
+  resumeEvents?: number; // events each resume sends before its connection drops (default: all, then end)
 }
 
 let server: Server;
@@ -47,7 +48,8 @@ before(async () => {
       }
       // Resume after `last`: the events whose id line comes after it (control frames re-sent too).
       const index = EVENTS.findIndex((e) => e.startsWith(`id: ${last}\n`));
-      return sendEvents(res, EVENTS.slice(index + 1), true);
+      const n = scenario.resumeEvents;
+      return sendEvents(res, EVENTS.slice(index + 1, n === undefined ? undefined : index + 1 + n), n === undefined);
     }
     res.writeHead(404).end();
   });
@@ -88,6 +90,29 @@ test("a POST that fails before any response is retried with the same key; a drop
   assert.deepEqual(lastEventIds, [lastSent, lastSent], "both resumes ask for the frames after the last one received");
   assert.deepEqual(events.map((e) => e.kind), ["retrying-post", "retrying-post", "posted", "reconnecting", "reconnecting", "resumed"]);
   assert.deepEqual(slept, [1, 2, 1, 2]);
+});
+
+test("a connection that streams, then breaks, starts the back-off and the give-up clock over", async () => {
+  scenario = { postFailures: 0, cutAfter: 4, refusedResumes: 0, resumeEvents: 2 };
+  keys.length = 0;
+  lastEventIds.length = 0;
+  const slept: number[] = [];
+  const view = await runTurn({
+    api: new FleetApi(base, undefined),
+    sessionId: "s1",
+    body: { text: "hello from the fixture", attachment_ids: [], skill_selections: [] },
+    onView: () => undefined,
+    // Every drop follows progress: neither the delay nor the give-up clock may build up.
+    backoff: { initialMs: 1, maxMs: 64, giveUpMs: 60 },
+    sleep: async (ms) => {
+      slept.push(ms);
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    },
+  });
+  const expected = reduceFrames(emptyTurn("hello from the fixture"), await fixtureFrames("demo-live.sse"));
+  assert.equal(view.done, expected.done);
+  assert.ok(slept.length > 6, `the stream was resumed many times (${slept.length})`);
+  assert.deepEqual(new Set(slept), new Set([1]), "each resume waited the initial delay only");
 });
 
 test("a client error on the POST is not retried", async () => {

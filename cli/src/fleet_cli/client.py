@@ -78,16 +78,14 @@ def run_cli(*, profile: str | None, host: str, port: int, api_url: str | None, s
     if isinstance(prepared, int):
         return prepared
     logs = prepared.data_dir / "logs"
-    logs.mkdir(mode=0o700, exist_ok=True)
-    if needs_build(TUI_DIR):
-        print("fleet: building the terminal client (once)...", file=sys.stderr, flush=True)
-        if not build_client(TUI_DIR, logs / "tui-build.log"):
-            print(f"fleet: the client did not build; see {logs / 'tui-build.log'}", file=sys.stderr)
-            return 1
+    logs.mkdir(mode=0o700, exist_ok=True)  # the build's log goes there, before the stack starts
+    if not ensure_built(logs / "tui-build.log"):
+        return 1
     stack = prepared.stack
     # Ctrl-C before the client owns the terminal stops the start-up; the client itself reads
     # keys in raw mode, so no SIGINT arrives while it runs.
     stop_on_signals(stack)
+    watcher: threading.Thread | None = None
     try:
         print(f"fleet: starting the stack (logs in {logs})...", file=sys.stderr, flush=True)
         url = start_stack(prepared, host=host, port=port, workers=1, logs=logs)
@@ -98,6 +96,8 @@ def run_cli(*, profile: str | None, host: str, port: int, api_url: str | None, s
         return run_client(node, url, session)
     finally:
         stack.stopping = True
+        if watcher is not None:  # it may be restarting the Redis: let it finish before the stop
+            watcher.join(timeout=15)
         stack.stop()
         print("fleet: stopped", file=sys.stderr)
 
@@ -121,10 +121,17 @@ def watch(prepared: Embedded, logs: Path) -> None:
 
 
 def client_only(node: str, url: str, session: str | None) -> int:
-    if needs_build(TUI_DIR):
-        log = Path(tempfile.gettempdir()) / "fleet-tui-build.log"
-        print("fleet: building the terminal client (once)...", file=sys.stderr, flush=True)
-        if not build_client(TUI_DIR, log):
-            print(f"fleet: the client did not build; see {log}", file=sys.stderr)
-            return 1
+    if not ensure_built(Path(tempfile.gettempdir()) / "fleet-tui-build.log"):
+        return 1
     return run_client(node, url, session)
+
+
+def ensure_built(log: Path) -> bool:
+    """Build the client if its sources are newer than its build; False (said) when that fails."""
+    if not needs_build(TUI_DIR):
+        return True
+    print("fleet: building the terminal client (once)...", file=sys.stderr, flush=True)
+    if build_client(TUI_DIR, log):
+        return True
+    print(f"fleet: the client did not build; see {log}", file=sys.stderr)
+    return False

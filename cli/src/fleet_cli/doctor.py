@@ -42,6 +42,9 @@ from fleet_shared.redis_conn import connect
 
 DATABASE_SECONDS = 5.0
 REDIS_SECONDS = 3.0
+# Closing a client after its check: under MARGIN_SECONDS, so a check's allowance in run_bounded
+# (its seconds plus the margin) covers the check and the close, and a slow close is no "hang".
+CLOSE_SECONDS = 1.0
 SANDBOX_SECONDS = 45.0  # two REPL starts and a cell, each bounded by the worker's own timeouts
 PROVIDER_SECONDS = 5.0
 MARGIN_SECONDS = 2.0  # on top of each check's own timeouts, before its thread is given up on
@@ -131,8 +134,9 @@ async def check_database(settings: Settings) -> Check:
         return Check(name="database", status="fail", detail=f"no SQLite database at {missing}", fix=fix)
     engine = create_engine(url)
     try:
-        revision = await asyncio.wait_for(current_revision(engine), DATABASE_SECONDS)
-        read_only = await asyncio.wait_for(is_read_only(engine), DATABASE_SECONDS)
+        async with asyncio.timeout(DATABASE_SECONDS):  # both questions in one allowance
+            revision = await current_revision(engine)
+            read_only = await is_read_only(engine)
     except TimeoutError:
         detail = f"{shown} did not answer within {DATABASE_SECONDS:g}s"
         return Check(name="database", status="fail", detail=detail, fix=database_fix(shown))
@@ -141,7 +145,7 @@ async def check_database(settings: Settings) -> Check:
         return Check(name="database", status="fail", detail=detail, fix=database_fix(shown))
     finally:
         with contextlib.suppress(TimeoutError, SQLAlchemyError, OSError):
-            await asyncio.wait_for(engine.dispose(), DATABASE_SECONDS)
+            await asyncio.wait_for(engine.dispose(), CLOSE_SECONDS)
     return schema_check(shown, revision, read_only)
 
 
@@ -201,7 +205,7 @@ async def check_redis(settings: Settings) -> Check:
         )
     finally:
         with contextlib.suppress(TimeoutError, RedisError, OSError):
-            await asyncio.wait_for(client.aclose(), REDIS_SECONDS)
+            await asyncio.wait_for(client.aclose(), CLOSE_SECONDS)
     elapsed_ms = (time.monotonic() - started) * 1000
     return Check(name="redis", status="ok", detail=f"{shown} answered PING in {elapsed_ms:.0f} ms")
 

@@ -310,7 +310,7 @@ def stack_failure(stack: Stack, data_dir: Path, note: Callable[[str], None]) -> 
     for child in stack.children:
         if not child.alive():
             return f"{child.name} exited with {child.process.returncode}"
-    if stack.redis is not None and not stack.redis.alive():
+    if stack.redis is not None and not stack.stopping and not stack.redis.alive():
         note(f"the private Redis exited with {stack.redis.process.returncode}; restarting it")
         stack.redis = stack.spawn("redis", stack.redis_argv, dict(os.environ), log=data_dir / "redis.log")
         wait_for_redis(stack, stack.redis_url, data_dir)

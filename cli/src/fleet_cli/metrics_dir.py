@@ -15,6 +15,8 @@ import tempfile
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
+# Named here as well as in fleet_gateway.metrics on purpose: importing either module that holds
+# it would import prometheus-client in this process, which must not happen before it is set.
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # prometheus-client's file names: <type>_<pid>.db, the type being counter, histogram, summary or
 # gauge_<mode> (gauge_livesum, gauge_max, ...).

@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 from arq import Worker
 from arq.connections import ArqRedis, RedisSettings
+from arq.utils import timestamp_ms
 from arq.worker import func
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -154,10 +155,10 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
 
 
 class JobWaker:
-    """Polls arq's queue as soon as a job is announced (fleet_shared.queue.announce_queued), rather
-    than at the worker's next `poll_delay`. The poll is arq's own step, `_poll_iteration`: it
-    starts jobs under arq's per-job in-progress lock, so running it beside arq's loop (or on two
-    workers at once) starts each job once. tests/integration/test_job_notices.py pins it."""
+    """Picks jobs as soon as one is announced (fleet_shared.queue.announce_queued), rather than at
+    the worker's next `poll_delay`: arq's own `start_jobs`, on the ids its poll would read. It
+    starts each job under arq's per-job in-progress lock, so running it beside arq's loop (or on
+    two workers at once) starts each job once. tests/integration/test_job_notices.py pins it."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -182,10 +183,17 @@ class JobWaker:
             worker = self.worker
             if worker.job_counter >= worker.max_jobs or not worker.allow_pick_jobs:
                 continue  # full or draining: arq's own poll takes the job when a slot frees
-            try:
-                await worker._poll_iteration()
-            except (RedisError, OSError) as exc:  # arq's loop polls again and reports it too
-                log.warning("worker.wake_poll_failed", error_type=type(exc).__name__)
+            try:  # only the job pick of arq's poll: its own loop keeps the rest (aborts, heartbeat)
+                job_ids = await worker.pool.zrangebyscore(
+                    worker.queue_name,
+                    min=float("-inf"),
+                    max=timestamp_ms(),
+                    start=0,
+                    num=worker.queue_read_limit,
+                )
+                await worker.start_jobs(job_ids)
+            except Exception as exc:  # never die: arq's own poll still runs, and reports Redis faults
+                log.warning("worker.wake_poll_failed", error_type=type(exc).__name__, error=str(exc))
 
 
 async def sweep_daytona(deps: WorkerDeps) -> None:

@@ -95,7 +95,3 @@ def schema_state(revision: str | None) -> SchemaState:
     if revision == HEAD_REVISION:
         return "head"
     return "behind" if revision in REVISIONS else "ahead"
-
-
-async def is_at_head(engine: AsyncEngine) -> bool:
-    return await current_revision(engine) == HEAD_REVISION

@@ -71,7 +71,8 @@ async def update_session(
     db: AsyncSession, session_id: str, *, title: str | None = None, status: str | None = None
 ) -> Session | None:
     """Change the title and/or status; None when the session does not exist."""
-    # The UPDATE's row lock orders it with claims, which share-lock the row (is_archived).
+    # A claim reads the status in the statement that inserts its Run (insert_unless_archived): an
+    # archive committed first refuses the claim; one committed after orders after it.
     session = await db.get(Session, session_id)
     if session is None:
         return None

@@ -53,8 +53,9 @@ class WarmPool:
         start() or execute() waits for this start (ReplSession serializes them), or spawns anew
         if it failed: a failure here is only logged, the Run meets it where it always did."""
         session = make()
-        if not self._closed:
-            self._early.submit(self._start_quietly, session)
+        with self._lock:  # close() marks the pool closed under this lock before its executors stop
+            if not self._closed:
+                self._early.submit(self._start_quietly, session)
         return session
 
     @staticmethod
@@ -63,12 +64,14 @@ class WarmPool:
             session.start()
         except SandboxError as exc:  # shut down before it started, or the spawn failed
             log.debug("sandbox.early_start_failed", error=str(exc))
+        except Exception as exc:  # no one reads this future: say it here
+            log.warning("sandbox.early_start_failed", error=str(exc), error_type=type(exc).__name__)
 
     def prewarm(self, workspace: Path, make: Callable[[], ReplSession]) -> None:
         """Start a REPL for the workspace's next Run, in the background."""
-        if self.size <= 0 or self._closed:
-            return
-        self._starter.submit(self._start, workspace, make)
+        with self._lock:
+            if self.size > 0 and not self._closed:
+                self._starter.submit(self._start, workspace, make)
 
     def _start(self, workspace: Path, make: Callable[[], ReplSession]) -> None:
         session = make()
