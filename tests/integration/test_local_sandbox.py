@@ -38,6 +38,7 @@ def workspace(traversable_dir: Path) -> Path:
 @pytest.fixture
 def open_lease(workspace: Path) -> Iterator[Callable[..., LocalSandboxLease]]:
     leases: list[LocalSandboxLease] = []
+    providers: list[LocalSandboxProvider] = []
 
     def open_lease(
         max_output_chars: int = 10_000, search_path: str | None = None, **settings: Any
@@ -51,11 +52,14 @@ def open_lease(workspace: Path) -> Iterator[Callable[..., LocalSandboxLease]]:
         )
         lease = provider.acquire(workspace.name, "run-test")
         leases.append(lease)
+        providers.append(provider)
         return lease
 
     yield open_lease
     for lease in leases:
         lease.release()
+    for provider in providers:  # its warm REPLs and its staged driver
+        provider.close()
 
 
 @pytest.fixture

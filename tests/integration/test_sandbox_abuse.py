@@ -23,6 +23,7 @@ from fleet_worker.sandbox.session import ReplSession
 @pytest.fixture
 def open_session(traversable_dir: Path) -> Iterator[Callable[..., ReplSession]]:
     leases: list[LocalSandboxLease] = []
+    providers: list[LocalSandboxProvider] = []
 
     def open_session(max_output_chars: int = 10_000, **settings: Any) -> ReplSession:
         cfg = LocalSandboxConfig(**{"cell_timeout_seconds": 20.0, **settings})
@@ -31,11 +32,14 @@ def open_session(traversable_dir: Path) -> Iterator[Callable[..., ReplSession]]:
         )
         lease = provider.acquire("ws", "run-abuse")
         leases.append(lease)
+        providers.append(provider)
         return lease.interpreter_factory()
 
     yield open_session
     for lease in leases:
         lease.release()
+    for provider in providers:  # its warm REPLs and its staged driver
+        provider.close()
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ WORKSPACE_MOUNT = "/workspace"
 # Replaced by fd numbers when a REPL is spawned (fleet_worker.sandbox.process).
 OUTPUT_FD_PLACEHOLDER = "{output-fd}"
 SECCOMP_FD_PLACEHOLDER = "{seccomp-fd}"
-DRIVER_MOUNT = "/opt/fleet/repl_main.py"
+DRIVER_DIR_MOUNT = "/opt/fleet"
+DRIVER_MOUNT = f"{DRIVER_DIR_MOUNT}/repl_main.py"
 DRIVER_SOURCE = Path(__file__).with_name("repl_main.py")
 # Top-level host dirs that hold the OS (merged-usr hosts make all but /usr symlinks into it).
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -190,7 +191,7 @@ def bwrap_command(
         WORKSPACE_MOUNT,
         "--ro-bind",
         os.path.abspath(driver),
-        DRIVER_MOUNT,
+        driver_mount(driver),
         "--chdir",
         WORKSPACE_MOUNT,
         # Nothing writable but /workspace, /tmp and /dev/shm (the jail's root and /dev are tmpfs
@@ -201,9 +202,14 @@ def bwrap_command(
         "/",
         "--",
         executable,
-        *driver_args(cfg, DRIVER_MOUNT),
+        *driver_args(cfg, driver_mount(driver)),
     ]
     return argv
+
+
+def driver_mount(driver: Path) -> str:
+    """Where the jail sees the driver: the source, or the staged copy compiled ahead (`.pyc`)."""
+    return f"{DRIVER_DIR_MOUNT}/{driver.name}"
 
 
 def unisolated_command(cfg: LocalSandboxConfig, python: str, driver: Path) -> list[str]:

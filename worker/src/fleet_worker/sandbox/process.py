@@ -66,8 +66,9 @@ def reap(proc: subprocess.Popen[bytes]) -> None:
 
 
 # Run as root just long enough to join the REPL's cgroup(s), then drop to the sandbox's uid with
-# util-linux's setpriv and exec bwrap: everything bwrap starts is born inside the cgroup.
-JOIN_CGROUP = 'IFS=:; for f in $FLEET_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"'
+# util-linux's setpriv and exec bwrap: everything bwrap starts is born inside the cgroup. The
+# shell is single-threaded and writes `0` (itself) to each join file (see Cgroup.join_files).
+JOIN_CGROUP = 'IFS=:; for f in $FLEET_CGROUP_JOIN; do echo 0 > "$f" || exit 125; done; exec "$@"'
 
 
 def popen(launch: LaunchSpec, output_fd: int, cgroup: Cgroup | None) -> subprocess.Popen[bytes]:
@@ -84,7 +85,7 @@ def popen(launch: LaunchSpec, output_fd: int, cgroup: Cgroup | None) -> subproce
             else [SETPRIV, f"--reuid={run_as}", f"--regid={run_as}", "--clear-groups", "--"]
         )
         argv = ["/bin/sh", "-c", JOIN_CGROUP, "fleet-sandbox", *drop, *argv]
-        env["FLEET_CGROUP_PROCS"] = ":".join(str(path) for path in cgroup.procs_files)
+        env["FLEET_CGROUP_JOIN"] = ":".join(str(path) for path in cgroup.join_files)
         run_as = None  # setpriv drops, after the cgroup is joined
     try:
         return subprocess.Popen(
@@ -109,13 +110,30 @@ def popen(launch: LaunchSpec, output_fd: int, cgroup: Cgroup | None) -> subproce
 
 
 def host_pid(root: int, ns_pid: int) -> int | None:
-    """The host pid of the process under `root` whose pid in its own namespace is `ns_pid`."""
-    for pid in sorted(descendants(root) | {root}):
-        with contextlib.suppress(OSError):
+    """The host pid of the process under `root` whose pid in its own namespace is `ns_pid`.
+    Looked for in `root` and its children first (the supervisor is bwrap's only child, or `root`
+    itself unisolated), which spares each REPL start a scan of every process on the host."""
+    near = [root, *children(root)]
+    found = with_ns_pid(near, ns_pid)
+    return found if found is not None else with_ns_pid(sorted(descendants(root) - set(near)), ns_pid)
+
+
+def with_ns_pid(pids: list[int], ns_pid: int) -> int | None:
+    """The first of `pids` whose pid in its own (innermost) namespace is `ns_pid`."""
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError):
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("NSpid:") and int(line.split()[-1]) == ns_pid:
                     return pid
     return None
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of a process (none where the kernel does not list them)."""
+    try:
+        return [int(word) for word in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def descendants(root: int) -> set[int]:

@@ -25,13 +25,16 @@ import os
 import resource
 import select
 import signal
-import socket
 import struct
 import sys
 import threading
-import traceback
 import types
-from typing import Any, NoReturn
+
+# Start-up time is a Turn's latency: `typing` is for the type checker only, and `traceback` is
+# imported by the interpreter child once it has reported ready (see child_main).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -202,6 +205,8 @@ def make_submit(output_fields: list[str] | None) -> Any:
 
 def describe(exc: BaseException, compiled: types.CodeType | None, code: str) -> dict[str, str]:
     """Type, message and a traceback of the cell's own frames (driver frames left out)."""
+    import traceback  # loaded once the child is ready (child_main)
+
     cell_codes = nested_codes(compiled) if compiled is not None else set()
     lines = code.splitlines()
     frames = []
@@ -259,7 +264,7 @@ def jsonable(value: object) -> object:
     return str(value)
 
 
-def child_main(sock: int) -> NoReturn:
+def child_main(fd_in: int, fd_out: int) -> NoReturn:
     """The interpreter: stdout/stderr are the output pipe (fds 1 and 2), frames go to the supervisor."""
     with contextlib.suppress(OSError):
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the supervisor
@@ -273,9 +278,11 @@ def child_main(sock: int) -> NoReturn:
     sys.stderr = io.TextIOWrapper(
         io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", write_through=True
     )
-    channel = Channel(sock, sock)
+    channel = Channel(fd_in, fd_out)
     repl = Repl(channel)
     channel.send({"op": "ready"})
+    import traceback  # noqa: F401  (describe's, loaded while the host reads the ready frame)
+
     while True:
         with channel.lock:
             message = channel.receive()
@@ -302,24 +309,27 @@ class Supervisor:
         self.output_fd = output_fd
         self.child_pid = 0
         self.child: Channel | None = None
-        self.child_sock: socket.socket | None = None
+        self.child_fds: tuple[int, int] | None = None  # what we read from it, what we write to it
 
     def start_child(self) -> None:
-        parent_end, child_end = socket.socketpair()
+        # A pipe each way (not a socketpair: `socket` would cost every REPL start its import).
+        from_child, to_supervisor = os.pipe()
+        from_supervisor, to_child = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: nothing of the host channel survives into it
             try:
-                for fd in (self.host.fd_in, self.host.fd_out, parent_end.fileno()):
+                for fd in (self.host.fd_in, self.host.fd_out, from_child, to_child):
                     os.close(fd)
                 os.dup2(self.output_fd, 1)
                 os.dup2(self.output_fd, 2)
                 os.close(self.output_fd)
-                child_main(child_end.detach())
+                child_main(from_supervisor, to_supervisor)
             finally:
                 os._exit(3)
-        child_end.close()
-        self.child_pid, self.child_sock = pid, parent_end
-        self.child = Channel(parent_end.fileno(), parent_end.fileno())
+        os.close(to_supervisor)
+        os.close(from_supervisor)
+        self.child_pid, self.child_fds = pid, (from_child, to_child)
+        self.child = Channel(from_child, to_child)
         if not self.await_child_ready():
             fatal("the interpreter did not start")
 
@@ -382,9 +392,9 @@ class Supervisor:
 
     def next_from_child(self) -> dict[str, Any] | str:
         """The child's next frame, or why there will be none (it died, or it was stopped)."""
-        assert self.child is not None and self.child_sock is not None
+        assert self.child is not None
         while True:
-            ready, _, _ = select.select([self.child_sock], [], [], WATCH_SECONDS)
+            ready, _, _ = select.select([self.child.fd_in], [], [], WATCH_SECONDS)
             if ready:
                 message = self.child.receive()
                 if message is None:
@@ -395,8 +405,10 @@ class Supervisor:
 
     def replace_child(self) -> None:
         end_child(self.child_pid)
-        if self.child_sock is not None:
-            self.child_sock.close()
+        if self.child_fds is not None:
+            for fd in self.child_fds:
+                os.close(fd)
+            self.child_fds = None
         kill_leftovers(keep=0)
         self.start_child()
 
