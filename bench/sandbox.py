@@ -4,6 +4,9 @@
 - `tool_call`: a cell that calls a host tool once (as `llm_query` does), both sides.
 - `lease_from_pool`: acquiring a lease whose warm REPL is waiting, plus its first cell.
 - `lease_cold`: a lease for a workspace with no warm REPL, plus its first cell.
+- `pipe_round_trip`: one byte to a plain Python process and back over pipes, measured in the same
+  rounds: the price of one process boundary crossed both ways, which a fleet cell pays once more
+  than LocalInterpreter's (host ↔ supervisor ↔ interpreter, against host ↔ subprocess).
 - `turn`: the `turn` lane's whole 3-iteration program in-process (dspy.RLM, fleet's signature and
   scripted engine), once on a bwrap REPL leased from the warm pool (acquire, cells, release), once
   on dspy's LocalInterpreter: the sandbox's share of a Turn.
@@ -15,7 +18,10 @@ machine load and the receipt come from bench.harness.
 from __future__ import annotations
 
 import functools
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,6 +64,28 @@ class FleetRepl:
         return FinalOutput(result.final) if result.final is not None else result.stdout
 
 
+ECHO = "import os\nwhile chunk := os.read(0, 64):\n    os.write(1, chunk)"
+
+
+class PipeEcho:
+    """A plain Python process that writes back each byte it reads: one boundary, both ways."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", ECHO], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, bufsize=0)  # fmt: skip
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.to_echo, self.from_echo = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+
+    def round_trip(self) -> None:
+        os.write(self.to_echo, b"x")
+        os.read(self.from_echo, 64)
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
 def turns(provider: LocalSandboxProvider, rounds: int, warmup: int) -> dict[str, Any]:
     """The same in-process Turn on a pooled bwrap REPL and on LocalInterpreter, interleaved."""
     from bench import stack as fleet_stack
@@ -96,6 +124,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     provider = LocalSandboxProvider(LocalSandboxConfig(pool_size=4), caps=Caps(), workspaces=root)
     baseline = LocalInterpreter(tools={"echo": echo})
     pooled: dict[str, Any] = {}
+    echo_process = PipeEcho()
     try:
         baseline.start()
         lease = provider.acquire("ws", "bench")
@@ -105,7 +134,9 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         baseline.execute("x = 1")
         ours: dict[str, list[float]] = {"cell": [], "tool_call": []}
         theirs: dict[str, list[float]] = {"cell": [], "tool_call": []}
+        hops: list[float] = []
         for _ in range(rounds):
+            hops.append(timed(echo_process.round_trip))
             ours["cell"].append(timed(lambda: session.execute("print(x)", {}, tools, None)))
             theirs["cell"].append(timed(lambda: baseline.execute("print(x)")))
             ours["tool_call"].append(timed(lambda: session.execute("echo('hi')", {}, tools, None)))
@@ -118,13 +149,25 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         for name in ("cell", "tool_call"):
             receipt.figures[name] = compared(ours[name], theirs[name])
             receipt.ratios[name] = {k: v for k, v in receipt.figures[name].items() if k.startswith("ratio")}
+        receipt.figures["pipe_round_trip"] = summary(hops)
         receipt.figures["lease_from_pool"] = pooled
         receipt.figures["lease_cold"] = cold
     finally:
+        echo_process.close()
         baseline.shutdown()
         provider.close()
         shutil.rmtree(root, ignore_errors=True)
     cell_ratio = receipt.ratios["cell"]["ratio_p50"]
+    cell, hop = receipt.figures["cell"], receipt.figures["pipe_round_trip"]["p50_ms"]
+    without_supervisor = round((cell["subject"]["p50_ms"] - hop) / cell["baseline"]["p50_ms"], 3)
+    receipt.figures["cell_ratio_less_one_boundary"] = without_supervisor
+    receipt.notes.append(
+        f"cell: a fleet cell crosses two process boundaries each way (host -> supervisor -> "
+        f"interpreter and back), LocalInterpreter's one (host -> subprocess); the supervisor is the "
+        f"isolation (the cell cannot write frames to the host; it kills what a cell leaves behind). "
+        f"One boundary both ways costs {hop} ms p50 here (pipe_round_trip, same rounds), so without "
+        f"it a fleet cell would be {without_supervisor} x LocalInterpreter's."
+    )
     lease_p50 = pooled["acquire"]["p50_ms"]
     turn_ratio = receipt.ratios["turn"]["ratio_p50"]
     receipt.goals = [

@@ -10,6 +10,7 @@ sandboxes included) in cores, which says where "up to its CPU" ends.
 
 from __future__ import annotations
 
+import os
 import time
 from statistics import mean
 from typing import Any
@@ -23,19 +24,22 @@ LINEAR_EFFICIENCY = 0.9  # throughput at c slots ≥ 0.9 x c x throughput at 1 s
 CPU_BOUND_CORES = 0.8  # a worker busier than this is at its CPU (the 2 cores host the rest too)
 
 
-def measure(st: fleet_stack.Stack, slots: int, waves: int) -> tuple[float, float]:
-    """Turns per second with `slots` parallel clients, and the workers' CPU in cores meanwhile."""
+def measure(st: fleet_stack.Stack, slots: int, waves: int) -> tuple[float, float, float]:
+    """Turns per second with `slots` parallel clients, each worker's CPU in cores meanwhile, and
+    the whole machine's (every process: workers, gateway, Redis, the clients)."""
     fleet_stack.run_turns(st, slots, slots)  # warm-up: every slot once
     tree = [pid for proc in st.workers for pid in fleet_stack.process_tree(proc.pid)]
     cpu_before, started = fleet_stack.cpu_seconds(tree), time.perf_counter()
+    machine_before = fleet_stack.machine_busy_seconds()
     results = fleet_stack.run_turns(st, slots * waves, slots)
     elapsed = time.perf_counter() - started
+    machine = (fleet_stack.machine_busy_seconds() - machine_before) / elapsed
     tree = [pid for proc in st.workers for pid in fleet_stack.process_tree(proc.pid)]
     cores = max(0.0, fleet_stack.cpu_seconds(tree) - cpu_before) / elapsed / max(1, len(st.workers))
     failed = [r for r in results if not r.finished]
     if failed:
         raise RuntimeError(f"{len(failed)} Turns did not finish: {failed[0].raw[-400:]!r}")
-    return len(results) / elapsed, cores
+    return len(results) / elapsed, cores, machine
 
 
 def run(
@@ -58,6 +62,8 @@ def run(
     throughput: dict[int, list[float]] = {count: [] for count in counts}
     by_concurrency: dict[int, list[float]] = {level: [] for level in levels}
     cpu_cores: dict[int, list[float]] = {level: [] for level in levels}
+    machine: dict[int, list[float]] = {count: [] for count in counts}
+    worker_cores: dict[int, list[float]] = {count: [] for count in counts}
     with fleet_stack.stack(script=fleet_stack.three_step_script(delay_s), concurrency=CONCURRENCY) as st:
         st.start(workers=0)
         for index in range(rounds):
@@ -65,13 +71,16 @@ def run(
                 st.stop_workers()
                 st.start_workers(count)
                 st.wait_workers_ready(count)
-                throughput[count].append(measure(st, count * CONCURRENCY, waves)[0])
+                turns_per_s, cores, busy = measure(st, count * CONCURRENCY, waves)
+                throughput[count].append(turns_per_s)
+                worker_cores[count].append(cores)
+                machine[count].append(busy)
         for index in range(rounds):
             for level in levels if index % 2 == 0 else tuple(reversed(levels)):
                 st.stop_workers()
                 st.start_workers(1, concurrency=level)
                 st.wait_workers_ready(1)
-                turns_per_s, cores = measure(st, level, waves)
+                turns_per_s, cores, _busy = measure(st, level, waves)
                 by_concurrency[level].append(turns_per_s)
                 cpu_cores[level].append(cores)
         st.stop_workers()
@@ -82,6 +91,9 @@ def run(
             "turns_per_s": [round(value, 3) for value in values],
             "mean_turns_per_s": round(sum(values) / len(values), 3),
             "parallel_turns": count * CONCURRENCY,
+            "cpu_cores_per_worker": round(mean(worker_cores[count]), 3),
+            "worker_cpu_ms_per_turn": round(mean(worker_cores[count]) * count / mean(values) * 1000, 1),
+            "machine_busy_cores": round(mean(machine[count]), 3),
         }
         for count, values in throughput.items()
     }
@@ -116,6 +128,15 @@ def run(
              all(entry["efficiency"] >= LINEAR_EFFICIENCY for entry in below_cpu) if len(below_cpu) > 1
              else None),
     ]  # fmt: skip
+    cores = os.cpu_count() or 1
+    if two is not None and two < 1.9 and 2 in machine:
+        receipt.notes.append(
+            f"two_workers: with 2 workers the machine was {mean(machine[2]):.2f} of its {cores} cores busy "
+            f"(1 worker: {mean(machine[base]):.2f}); the workers, the gateway, Redis and the "
+            f"{2 * CONCURRENCY} clients share them, each Turn's CPU work (worker_cpu_ms_per_turn, "
+            "its REPL's start included) then waits for a core, and the Turns run longer than their "
+            "LM delays alone"
+        )
     receipt.notes.append(
         "concurrency levels: one worker process started with `fleet worker --concurrency c`, c "
         "parallel clients; worker_cpu_cores counts the worker and its sandboxes"

@@ -331,6 +331,13 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def machine_busy_seconds() -> float:
+    """CPU time all cores spent not idle since boot (/proc/stat), in seconds."""
+    fields = [int(word) for word in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields) - idle - iowait) / CLOCK_TICKS
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU time of these processes (live ones) and of the children they reaped, in
     seconds: a worker's REPLs come and go within a measurement, and their time lands in their

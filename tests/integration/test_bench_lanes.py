@@ -66,6 +66,8 @@ def test_the_sandbox_lane_measures_both_sides() -> None:
         assert_both_sides(body["figures"][name])
     assert body["figures"]["lease_from_pool"]["acquire"]["n"] > 0
     assert body["parameters"]["sandbox_mode"]
+    assert body["figures"]["pipe_round_trip"]["n"] == body["figures"]["cell"]["subject"]["n"]
+    assert 0 < body["figures"]["cell_ratio_less_one_boundary"] < body["ratios"]["cell"]["ratio_p50"]
     assert_both_sides(body["figures"]["turn"])  # the same Turn on bwrap and on LocalInterpreter
     (turn_goal,) = [g for g in body["goals"] if g["goal"] == "turn_on_bwrap"]
     assert turn_goal["measured"] == body["ratios"]["turn"]["ratio_p50"]
@@ -87,6 +89,7 @@ def test_the_fanout_lane_measures_streams_raw_pubsub_and_the_relay() -> None:
     assert level["held"] == 5 and level["delivered"] == 25
     assert level["sse"]["n"] > 0 and level["raw"]["n"] == 5
     assert level["ratio_p99"] > 0 and level["rss_mb_held"] > 0
+    assert level["serial_fanout_ms"] == pytest.approx(level["cpu_us_per_delivery"] * 5 / 1000, rel=0.01)
     (relayed,) = body["figures"]["relay_levels"]  # the FastAPI + sse-starlette baseline
     assert relayed["server"] == "relay"
     assert relayed["held"] == 5 and relayed["delivered"] == 25 and relayed["completed"] == 5
@@ -96,6 +99,8 @@ def test_the_scale_lane_compares_worker_counts() -> None:
     body = scale.run(quick=True, workers=(1, 2), rounds=1, waves=1, delay_s=0.05, concurrency=(1, 2))
     assert_receipt(body, "scale")
     assert body["figures"]["workers_1"]["mean_turns_per_s"] > 0
+    assert 0 < body["figures"]["workers_1"]["machine_busy_cores"] <= body["machine"]["cpu_count"] + 0.1
+    assert body["figures"]["workers_2"]["worker_cpu_ms_per_turn"] > 0
     assert body["ratios"]["throughput_2_vs_1"] > 0
     assert body["ratios"]["concurrency_2_vs_1"] > 0
     assert body["figures"]["concurrency_2"]["worker_cpu_cores"] > 0
