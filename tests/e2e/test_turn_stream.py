@@ -6,6 +6,7 @@ The LM is the deterministic scripted LM (the provider is unreachable here); ever
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -104,6 +105,9 @@ def test_idempotent_replay_and_key_mismatch(demo_stack: Stack, node_check: Path)
         history = client.get(f"/api/sessions/{session_id}/turns").json()
     assert_well_formed(replay)
     assert replay.headers["x-fleet-run-id"] == first.headers["x-fleet-run-id"]
+    # Where the time before the stream went: the claim, and the enqueue only for a new Run.
+    assert re.fullmatch(r"claim;dur=\d+\.\d{3}, enqueue;dur=\d+\.\d{3}", first.headers["server-timing"])
+    assert re.fullmatch(r"claim;dur=\d+\.\d{3}", replay.headers["server-timing"])
     start = replay.of_type("start")[0]["messageMetadata"]
     assert start["delivery"] == "replay"
     assert replay.chunks[-1]["type"] == "finish"

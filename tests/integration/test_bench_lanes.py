@@ -79,6 +79,9 @@ def test_the_turn_lane_measures_fleet_and_the_in_process_floor() -> None:
     assert_both_sides(body["figures"]["end_to_end_new_session"])
     assert_both_sides(body["figures"]["end_to_end_same_session"])
     assert body["figures"]["first_byte"]["n"] == 4  # two samples of each kind of Turn
+    timing = body["figures"]["first_byte_server_timing"]
+    assert timing["claim"]["n"] == timing["enqueue"]["n"] == 4 and timing["claim"]["p50_ms"] > 0
+    assert body["figures"]["aiosqlite_hop"]["p50_ms"] > 0
 
 
 def test_the_fanout_lane_measures_streams_raw_pubsub_and_the_relay() -> None:

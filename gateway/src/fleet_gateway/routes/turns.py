@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Annotated, assert_never
 
 import structlog
@@ -105,7 +106,13 @@ class TurnController(Controller):
         media_type="text/event-stream",
         response_description=TURN_STREAM_DESCRIPTION,
         response_headers=[
-            ResponseHeader(name="X-Fleet-Run-ID", description="the Run's UUID", documentation_only=True)
+            ResponseHeader(name="X-Fleet-Run-ID", description="the Run's UUID", documentation_only=True),
+            ResponseHeader(
+                name="Server-Timing",
+                description="where the time before the stream went: `claim;dur=<ms>` (the DB) and, "
+                "for a new Run, `enqueue;dur=<ms>` (Redis)",
+                documentation_only=True,
+            ),
         ],
     )
     async def submit_turn(
@@ -132,6 +139,7 @@ class TurnController(Controller):
             attachments = await check_attachments(db, data, limit)
             selected = await check_skills(db, data)
         session_id = canonical
+        started = time.perf_counter()
         outcome = await queries.claim_turn(
             db,
             session_id=session_id,
@@ -142,6 +150,8 @@ class TurnController(Controller):
             attachments=attachments,
             skills=selected,
         )
+        claimed = time.perf_counter()
+        timing = f"claim;dur={(claimed - started) * 1000:.3f}"
         if isinstance(outcome, queries.ClaimRefused):
             raise refusal(outcome)
         run = outcome.run
@@ -149,6 +159,7 @@ class TurnController(Controller):
         if outcome.created:
             log.info("turn.claimed")
             await enqueue(db, gw, run)
+            timing += f", enqueue;dur={(time.perf_counter() - claimed) * 1000:.3f}"
         settled = is_terminal(run.status)  # a replayed settled Run
         body = stream_run(
             gw.stream_deps,
@@ -160,7 +171,7 @@ class TurnController(Controller):
         return Stream(
             body,
             media_type="text/event-stream",
-            headers={**SSE_HEADERS, "X-Fleet-Run-ID": run.id},
+            headers={**SSE_HEADERS, "X-Fleet-Run-ID": run.id, "Server-Timing": timing},
         )
 
     @get("/")
