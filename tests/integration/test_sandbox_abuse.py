@@ -5,6 +5,8 @@ replacement) works for the next cell."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +19,7 @@ from fleet_worker.sandbox.boundary import Caps, CellResult
 from fleet_worker.sandbox.errors import CellCrashed, CellTimeout
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
+from fleet_worker.sandbox.process import children, process_state
 from fleet_worker.sandbox.session import ReplSession
 
 
@@ -165,6 +168,24 @@ def test_a_repl_killed_under_a_cell_is_a_cell_error_and_comes_back(session: Repl
     finally:
         killer.cancel()
     assert run(session, "print('back')").stdout == "back\n"
+
+
+def test_an_interpreter_killed_between_cells_is_a_cell_error_not_a_crash(session: ReplSession) -> None:
+    """The interpreter (not the supervisor) gone between two cells, as the OOM killer or the cell's
+    own doing may leave it: the next cell is told its state was reset, and the same supervisor
+    carries on with a fresh interpreter."""
+    run(session, "x = 1")
+    repl = session._repl
+    assert repl is not None and repl.supervisor is not None
+    interpreter = children(repl.supervisor)
+    assert len(interpreter) == 1
+    os.kill(interpreter[0], signal.SIGKILL)
+    while process_state(interpreter[0]) not in ("Z", "?"):  # dead (a zombie until reaped)
+        time.sleep(0.01)
+    result = run(session, "print(x)")
+    assert result.error is not None and "state was reset" in result.error.message
+    assert session._repl is repl  # the same REPL: its supervisor did not crash
+    assert run(session, "print('fresh')").stdout == "fresh\n"
 
 
 def test_threads_a_cell_leaves_running_wait_for_the_next_cell(session: ReplSession) -> None:

@@ -6,7 +6,6 @@ import functools
 import hashlib
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import uuid
@@ -18,17 +17,16 @@ import structlog
 
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.cgroups import Cgroups, Limits
+from fleet_worker.sandbox.driver import StagedDriver, stage_driver, sweep_staged
 from fleet_worker.sandbox.errors import (
     SandboxError,
     SandboxUnavailable,
 )
 from fleet_worker.sandbox.jail import (
-    DRIVER_SOURCE,
     WORKSPACE_MOUNT,
     LaunchSpec,
     LocalSandboxConfig,
     bwrap_command,
-    driver_mount,
     resolve_python,
     sandbox_env,
     unisolated_command,
@@ -48,7 +46,6 @@ from fleet_worker.sandbox.workspace import (
 
 log = structlog.get_logger(__name__)
 PROBE_RUN = "probe"
-STAGE_TIMEOUT_SECONDS = 30.0
 
 
 def prepare_workspace_root(root: Path) -> Path:
@@ -59,40 +56,6 @@ def prepare_workspace_root(root: Path) -> Path:
         if directory.stat().st_uid == os.geteuid():
             directory.chmod(0o711)
     return root
-
-
-# Run by the sandbox's own interpreter: a .pyc only loads in the Python that wrote it.
-COMPILE_DRIVER = (
-    "import py_compile, sys; "
-    "py_compile.compile(sys.argv[1], cfile=sys.argv[2], dfile=sys.argv[3], doraise=True)"
-)
-
-
-def stage_driver(python: str, isolated: bool) -> Path:
-    """The driver where any sandbox uid can read it, whatever the install's permissions. It is
-    compiled ahead by the sandbox's interpreter when that works, which spares every REPL start
-    compiling it (~3 ms); else the source is staged as it is."""
-    directory = Path(tempfile.mkdtemp(prefix="fleet-repl-"))
-    directory.chmod(0o755)
-    compiled = directory / "repl_main.pyc"
-    # The name its frames carry must be the path the REPL runs it as (DRIVER_FILE hides them).
-    seen_as = driver_mount(compiled) if isolated else str(compiled)
-    try:
-        subprocess.run(
-            [python, "-I", "-S", "-c", COMPILE_DRIVER, str(DRIVER_SOURCE), str(compiled), seen_as],
-            env={"PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            timeout=STAGE_TIMEOUT_SECONDS,
-            check=True,
-        )
-        target = compiled
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("sandbox.driver_not_compiled", python=python, error=str(exc))
-        compiled.unlink(missing_ok=True)
-        target = directory / "repl_main.py"
-        shutil.copyfile(DRIVER_SOURCE, target)
-    target.chmod(0o444)
-    return target
 
 
 def remove_tree(folder: Path) -> None:
@@ -234,8 +197,7 @@ class LocalSandboxProvider:
         # A root worker never runs cells as host root: each workspace's REPLs get a uid of their own.
         self._root = os.geteuid() == 0
         self._isolation: Isolation | None = None
-        self._driver: Path | None = None
-        self._driver_isolated = False  # staged for a jail (bwrap), or for plain subprocesses
+        self._driver: StagedDriver | None = None
         self._pool = WarmPool(cfg.pool_size, cfg.pool_idle_seconds)
         self._lock = threading.RLock()
 
@@ -416,12 +378,16 @@ class LocalSandboxProvider:
         install may not be): the same path for every REPL, so a warm one matches its next Run."""
         isolated = isolation.bwrap is not None
         with self._lock:
-            if self._driver is None or not self._driver.exists() or self._driver_isolated != isolated:
-                if self._driver is not None:  # the probe's, for a jail that could not start
-                    shutil.rmtree(self._driver.parent, ignore_errors=True)
-                self._driver, self._driver_isolated = stage_driver(isolation.python, isolated), isolated
-                HOST_PATHS.add(self._driver.parent)
-            return self._driver
+            staged = self._driver
+            if staged is None or not staged.current(isolation.python, isolated):
+                if staged is not None:  # the probe's for a jail that failed, or an older Python's
+                    shutil.rmtree(staged.path.parent, ignore_errors=True)
+                else:
+                    sweep_staged()
+                compile_as = self._cfg.uid_base if self._root else None
+                staged = self._driver = stage_driver(isolation.python, isolated, compile_as)
+                HOST_PATHS.add(staged.path.parent)
+            return staged.path
 
     def close(self) -> None:
         """Shut down the warm REPLs and remove the staged driver (the worker is stopping)."""
@@ -429,4 +395,4 @@ class LocalSandboxProvider:
         with self._lock:
             driver, self._driver = self._driver, None
         if driver is not None:
-            shutil.rmtree(driver.parent, ignore_errors=True)
+            shutil.rmtree(driver.path.parent, ignore_errors=True)

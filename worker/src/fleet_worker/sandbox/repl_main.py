@@ -17,6 +17,7 @@ Host → supervisor: `execute`, `tool_result`, `shutdown`. Supervisor → host: 
 
 from __future__ import annotations
 
+import _socket  # the C module alone: `socket` would cost every REPL start ~2 ms of imports
 import builtins
 import contextlib
 import io
@@ -309,27 +310,27 @@ class Supervisor:
         self.output_fd = output_fd
         self.child_pid = 0
         self.child: Channel | None = None
-        self.child_fds: tuple[int, int] | None = None  # what we read from it, what we write to it
+        self.child_fd: int | None = None
 
     def start_child(self) -> None:
-        # A pipe each way (not a socketpair: `socket` would cost every REPL start its import).
-        from_child, to_supervisor = os.pipe()
-        from_supervisor, to_child = os.pipe()
+        # A socket, not pipes: a cell may reopen its own pipes through /proc/self/fd and write
+        # frames into its own input; a socket cannot be opened that way.
+        parent_end, child_end = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:  # the child: nothing of the host channel survives into it
             try:
-                for fd in (self.host.fd_in, self.host.fd_out, from_child, to_child):
+                for fd in (self.host.fd_in, self.host.fd_out, parent_end.fileno()):
                     os.close(fd)
                 os.dup2(self.output_fd, 1)
                 os.dup2(self.output_fd, 2)
                 os.close(self.output_fd)
-                child_main(from_supervisor, to_supervisor)
+                own = child_end.detach()
+                child_main(own, own)
             finally:
                 os._exit(3)
-        os.close(to_supervisor)
-        os.close(from_supervisor)
-        self.child_pid, self.child_fds = pid, (from_child, to_child)
-        self.child = Channel(from_child, to_child)
+        child_end.close()
+        self.child_pid, self.child_fd = pid, parent_end.detach()
+        self.child = Channel(self.child_fd, self.child_fd)
         if not self.await_child_ready():
             fatal("the interpreter did not start")
 
@@ -350,7 +351,7 @@ class Supervisor:
         request_id = request.get("id")
         assert self.child is not None
         signal_child(self.child_pid, signal.SIGCONT)
-        self.child.send(request)
+        self.send_to_child(request)
         while True:
             message = self.next_from_child()
             if isinstance(message, str):  # the child is gone or broke the protocol
@@ -368,7 +369,7 @@ class Supervisor:
                 reply = self.host.receive()
                 if reply is None or reply.get("op") != "tool_result":
                     fatal("expected a tool_result from the host")
-                self.child.send(
+                self.send_to_child(
                     {
                         "op": "tool_result",
                         "ok": bool(reply.get("ok")),
@@ -390,6 +391,13 @@ class Supervisor:
                 self.host.send({"op": "result", "id": request_id, "error": error})
                 return
 
+    def send_to_child(self, message: dict[str, Any]) -> None:
+        """A child that is gone (a cell can end its own process) cannot take it: that is not our
+        end. Its socket then reads as closed, and next_from_child says how the child ended."""
+        assert self.child is not None
+        with contextlib.suppress(OSError):
+            self.child.send(message)
+
     def next_from_child(self) -> dict[str, Any] | str:
         """The child's next frame, or why there will be none (it died, or it was stopped)."""
         assert self.child is not None
@@ -405,10 +413,9 @@ class Supervisor:
 
     def replace_child(self) -> None:
         end_child(self.child_pid)
-        if self.child_fds is not None:
-            for fd in self.child_fds:
-                os.close(fd)
-            self.child_fds = None
+        if self.child_fd is not None:
+            os.close(self.child_fd)
+            self.child_fd = None
         kill_leftovers(keep=0)
         self.start_child()
 
