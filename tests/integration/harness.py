@@ -136,7 +136,10 @@ def make_settings(
     )
     profile = settings.profile
     runtime = msgspec.structs.replace(profile.runtime, turn_timeout_seconds=turn_timeout)
-    worker = msgspec.structs.replace(profile.worker, queue_name=f"fleet:test:{work_dir.name}")
+    # Short polls: the harness's burst workers notice an empty queue (and exit) at their next poll.
+    worker = msgspec.structs.replace(
+        profile.worker, queue_name=f"fleet:test:{work_dir.name}", poll_delay_seconds=0.02
+    )
     local_section = msgspec.structs.replace(
         profile.sandbox.local, **{"cell_timeout_seconds": 2, **(local or {})}
     )

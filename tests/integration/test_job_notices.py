@@ -38,9 +38,13 @@ async def database_url(tmp_path: Path) -> str:
     return url
 
 
-def slow_polling(harness: Harness) -> Harness:
+def slow_polling(harness: Harness, concurrency: int | None = None) -> Harness:
     profile = harness.settings.profile
-    worker = msgspec.structs.replace(profile.worker, poll_delay_seconds=SLOW_POLL_SECONDS)
+    worker = msgspec.structs.replace(
+        profile.worker,
+        poll_delay_seconds=SLOW_POLL_SECONDS,
+        concurrency=concurrency or profile.worker.concurrency,
+    )
     settings = msgspec.structs.replace(
         harness.settings, profile=msgspec.structs.replace(profile, worker=worker)
     )
@@ -118,6 +122,23 @@ async def test_two_workers_hearing_one_notice_run_the_turn_once(harness_factory:
     async with harness.sessions() as db:
         run = await queries.get_run(db, run_id)
     assert run is not None and run.attempt == 1  # claimed once
+
+
+async def test_a_turn_announced_while_every_slot_is_busy_starts_when_one_frees(
+    harness_factory: Any,
+) -> None:
+    """Its notice finds the worker full; the slot the running Turn gives back takes it."""
+    harness = slow_polling(harness_factory(SUBMIT, SUBMIT), concurrency=1)
+    async with running(harness):
+        first = await harness.submit(enqueue=False)
+        await enqueue(harness, first, announce=True)
+        await until(lambda: _not_queued(harness, first), within=SLOW_POLL_SECONDS / 2)
+        second = await harness.submit(enqueue=False)
+        await enqueue(harness, second, announce=True)  # heard while the only slot is busy
+        await until(lambda: _is(harness, first, "completed"), within=TAKEN_WITHIN_SECONDS * 3)
+        waited = await until(lambda: _not_queued(harness, second), within=SLOW_POLL_SECONDS / 2)
+        await until(lambda: _is(harness, second, "completed"), within=TAKEN_WITHIN_SECONDS * 3)
+    assert waited < SLOW_POLL_SECONDS / 2
 
 
 async def test_an_unannounced_job_waits_for_the_poll(harness_factory: Any) -> None:

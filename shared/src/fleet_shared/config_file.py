@@ -137,9 +137,10 @@ class WorkerSection(Section):
     lease_seconds: Annotated[float, msgspec.Meta(ge=2)] = 3
     drain_seconds: Annotated[float, msgspec.Meta(ge=0)] = 30
     queue_name: str = "fleet:queue"
-    # How often an idle worker asks Redis for a job. arq's 0.5 s default was most of a short
-    # Turn's latency (issue 12's turn lane); 20 ms is 50 cheap reads a second per worker.
-    poll_delay_seconds: Annotated[float, msgspec.Meta(ge=0.005, le=5)] = 0.02
+    # How often a worker asks Redis for a job, the fallback only: a queued Turn is announced and
+    # taken at once, and a slot that frees takes the next. arq's default; each poll is a Redis
+    # read, so 20 ms cost every idle worker 50 reads and ~18 ms of CPU a second.
+    poll_delay_seconds: Annotated[float, msgspec.Meta(ge=0.005, le=5)] = 0.5
     # The worker's GET /metrics and GET /health (its liveness); port 0 serves neither.
     metrics_host: BindHost = "127.0.0.1"
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9100

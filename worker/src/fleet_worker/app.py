@@ -128,6 +128,9 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             await bounded("database.dispose", ctx["engine"].dispose)
         ctx["closed"] = True
 
+    async def slot_freed(ctx: dict[str, Any]) -> None:
+        await waker.slot_freed()
+
     timeout = settings.profile.runtime.turn_timeout_seconds + 120  # our own deadline fires first
     worker = Worker(
         functions=[func(run_turn, name=RUN_TURN, timeout=timeout, max_tries=3)],
@@ -139,6 +142,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         job_deserializer=deserialize_job,
         on_startup=startup,
         on_shutdown=shutdown,
+        after_job_end=slot_freed,
         health_check_interval=HEALTH_CHECK_INTERVAL_SECONDS,
         health_check_key=health_check_key(queue),
         keep_result=60,
@@ -165,6 +169,14 @@ class JobWaker:
         self.wanted = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
+    async def slot_freed(self) -> None:
+        """A job just ended (arq's after_job_end): a Turn that was announced while every slot was
+        busy is taken now, not at the next poll."""
+        self.wanted.set()
+
+    def full(self) -> bool:
+        return self.worker.job_counter >= self.worker.max_jobs or not self.worker.allow_pick_jobs
+
     def start(self) -> None:
         if self.task is None:
             self.task = asyncio.create_task(self.run_forever(), name="fleet-job-waker")
@@ -181,8 +193,12 @@ class JobWaker:
             await self.wanted.wait()
             self.wanted.clear()  # notices that arrive while we poll ask for one more poll
             worker = self.worker
-            if worker.job_counter >= worker.max_jobs or not worker.allow_pick_jobs:
-                continue  # full or draining: arq's own poll takes the job when a slot frees
+            if self.full():
+                # The job whose end woke us gives its slot back in its task's done callback,
+                # which runs right after that end: look once more after it.
+                await asyncio.sleep(0)
+                if self.full():
+                    continue  # full or draining: the next slot_freed (or arq's poll) comes back
             try:  # only the job pick of arq's poll: its own loop keeps the rest (aborts, heartbeat)
                 job_ids = await worker.pool.zrangebyscore(
                     worker.queue_name,
