@@ -24,14 +24,16 @@ LINEAR_EFFICIENCY = 0.9  # throughput at c slots ≥ 0.9 x c x throughput at 1 s
 CPU_BOUND_CORES = 0.8  # a worker busier than this is at its CPU (the 2 cores host the rest too)
 
 
-def measure(st: fleet_stack.Stack, slots: int, waves: int) -> tuple[float, float, float]:
-    """Turns per second with `slots` parallel clients, each worker's CPU in cores meanwhile, and
-    the whole machine's (every process: workers, gateway, Redis, the clients)."""
+def measure(st: fleet_stack.Stack, slots: int, waves: int) -> tuple[float, float, float, float]:
+    """Turns per second with `slots` parallel clients, each worker's CPU in cores meanwhile, the
+    whole machine's (every process: workers, gateway, Redis, the clients), and the fraction of
+    50 ms intervals in which the machine had no core to spare."""
     fleet_stack.run_turns(st, slots, slots)  # warm-up: every slot once
     tree = [pid for proc in st.workers for pid in fleet_stack.process_tree(proc.pid)]
     cpu_before, started = fleet_stack.cpu_seconds(tree), time.perf_counter()
     machine_before = fleet_stack.machine_busy_seconds()
-    results = fleet_stack.run_turns(st, slots * waves, slots)
+    with fleet_stack.MachineSampler() as sampler:
+        results = fleet_stack.run_turns(st, slots * waves, slots)
     elapsed = time.perf_counter() - started
     machine = (fleet_stack.machine_busy_seconds() - machine_before) / elapsed
     tree = [pid for proc in st.workers for pid in fleet_stack.process_tree(proc.pid)]
@@ -39,7 +41,7 @@ def measure(st: fleet_stack.Stack, slots: int, waves: int) -> tuple[float, float
     failed = [r for r in results if not r.finished]
     if failed:
         raise RuntimeError(f"{len(failed)} Turns did not finish: {failed[0].raw[-400:]!r}")
-    return len(results) / elapsed, cores, machine
+    return len(results) / elapsed, cores, machine, sampler.saturated_fraction(os.cpu_count() or 1)
 
 
 def run(
@@ -64,6 +66,7 @@ def run(
     cpu_cores: dict[int, list[float]] = {level: [] for level in levels}
     machine: dict[int, list[float]] = {count: [] for count in counts}
     worker_cores: dict[int, list[float]] = {count: [] for count in counts}
+    saturated: dict[int, list[float]] = {count: [] for count in counts}
     with fleet_stack.stack(script=fleet_stack.three_step_script(delay_s), concurrency=CONCURRENCY) as st:
         st.start(workers=0)
         for index in range(rounds):
@@ -71,8 +74,9 @@ def run(
                 st.stop_workers()
                 st.start_workers(count)
                 st.wait_workers_ready(count)
-                turns_per_s, cores, busy = measure(st, count * CONCURRENCY, waves)
+                turns_per_s, cores, busy, full = measure(st, count * CONCURRENCY, waves)
                 throughput[count].append(turns_per_s)
+                saturated[count].append(full)
                 worker_cores[count].append(cores)
                 machine[count].append(busy)
         for index in range(rounds):
@@ -80,7 +84,7 @@ def run(
                 st.stop_workers()
                 st.start_workers(1, concurrency=level)
                 st.wait_workers_ready(1)
-                turns_per_s, cores, _busy = measure(st, level, waves)
+                turns_per_s, cores, _busy, _full = measure(st, level, waves)
                 by_concurrency[level].append(turns_per_s)
                 cpu_cores[level].append(cores)
         st.stop_workers()
@@ -94,6 +98,7 @@ def run(
             "cpu_cores_per_worker": round(mean(worker_cores[count]), 3),
             "worker_cpu_ms_per_turn": round(mean(worker_cores[count]) * count / mean(values) * 1000, 1),
             "machine_busy_cores": round(mean(machine[count]), 3),
+            "machine_saturated_fraction": round(mean(saturated[count]), 3),
         }
         for count, values in throughput.items()
     }
@@ -132,10 +137,12 @@ def run(
     if two is not None and two < 1.9 and 2 in machine:
         receipt.notes.append(
             f"two_workers: with 2 workers the machine was {mean(machine[2]):.2f} of its {cores} cores busy "
-            f"(1 worker: {mean(machine[base]):.2f}); the workers, the gateway, Redis and the "
-            f"{2 * CONCURRENCY} clients share them, each Turn's CPU work (worker_cpu_ms_per_turn, "
-            "its REPL's start included) then waits for a core, and the Turns run longer than their "
-            "LM delays alone"
+            f"on average (1 worker: {mean(machine[base]):.2f}), and every core was busy in "
+            f"{mean(saturated[2]):.0%} of its 50 ms intervals (1 worker: {mean(saturated[base]):.0%}). "
+            f"The {2 * CONCURRENCY} clients start their Turns together and the scripted delays are "
+            "equal, so the Turns' CPU work (worker_cpu_ms_per_turn: the REPL's start, the program's "
+            "setup, the commits; and the gateway's and Redis's share) arrives in bursts that queue "
+            "for the 2 cores the workers share with the gateway, Redis and the clients"
         )
     receipt.notes.append(
         "concurrency levels: one worker process started with `fleet worker --concurrency c`, c "

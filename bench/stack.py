@@ -338,6 +338,39 @@ def machine_busy_seconds() -> float:
     return (sum(fields) - idle - iowait) / CLOCK_TICKS
 
 
+class MachineSampler:
+    """The machine's busy cores every `interval` seconds while in use: an average can hide that
+    work arriving at once (Turns started in waves) saturates every core for a while."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import threading
+
+        self.interval = interval
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> MachineSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        before, at = machine_busy_seconds(), time.monotonic()
+        while not self._stop.wait(self.interval):
+            now_busy, now = machine_busy_seconds(), time.monotonic()
+            self.samples.append((now_busy - before) / (now - at))
+            before, at = now_busy, now
+
+    def saturated_fraction(self, cores: int, share: float = 0.9) -> float:
+        """The fraction of intervals in which at least `share` of all cores were busy."""
+        full = [busy for busy in self.samples if busy >= share * cores]
+        return round(len(full) / len(self.samples), 3) if self.samples else 0.0
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU time of these processes (live ones) and of the children they reaped, in
     seconds: a worker's REPLs come and go within a measurement, and their time lands in their

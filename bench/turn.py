@@ -102,9 +102,11 @@ def first_byte_note(figures: dict[str, Any]) -> str:
     return (
         f"first_byte: of its p50 of {figures['first_byte'].get('p50_ms')} ms, the gateway reports "
         f"{claim} ms claiming the Turn in SQLite and {enqueue} ms queueing it in Redis (Server-Timing, "
-        f"p50). On SQLite each statement of the claim is several hops to aiosqlite's thread and back "
-        f"(a cursor, its execute, its fetch, its close; then the commit), {hop.get('p50_ms')} ms "
-        "apiece here (aiosqlite_hop); the rest is HTTP parsing, routing and the response start"
+        f"p50). The claim is one read, two INSERTs and the commit; on SQLite each statement is a few "
+        f"hops to aiosqlite's thread and back, {hop.get('p50_ms')} ms apiece here (aiosqlite_hop), so "
+        "most of it is SQLAlchemy's own work and waiting for a core: each POST arrives as the worker "
+        "releases the previous Turn's REPL and starts the next one (the pool's), on the same 2 cores. "
+        "The rest of the first byte is HTTP parsing, routing and the response start"
     )
 
 

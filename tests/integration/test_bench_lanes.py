@@ -104,6 +104,7 @@ def test_the_scale_lane_compares_worker_counts() -> None:
     assert body["figures"]["workers_1"]["mean_turns_per_s"] > 0
     assert 0 < body["figures"]["workers_1"]["machine_busy_cores"] <= body["machine"]["cpu_count"] + 0.1
     assert body["figures"]["workers_2"]["worker_cpu_ms_per_turn"] > 0
+    assert 0 <= body["figures"]["workers_2"]["machine_saturated_fraction"] <= 1
     assert body["ratios"]["throughput_2_vs_1"] > 0
     assert body["ratios"]["concurrency_2_vs_1"] > 0
     assert body["figures"]["concurrency_2"]["worker_cpu_cores"] > 0
