@@ -31,17 +31,15 @@ def measure(st: fleet_stack.Stack, slots: int, waves: int) -> tuple[float, float
     fleet_stack.run_turns(st, slots, slots)  # warm-up: every slot once
     tree = [pid for proc in st.workers for pid in fleet_stack.process_tree(proc.pid)]
     cpu_before, started = fleet_stack.cpu_seconds(tree), time.perf_counter()
-    machine_before = fleet_stack.machine_busy_seconds()
-    with fleet_stack.MachineSampler() as sampler:
+    with fleet_stack.MachineSampler() as machine:
         results = fleet_stack.run_turns(st, slots * waves, slots)
     elapsed = time.perf_counter() - started
-    machine = (fleet_stack.machine_busy_seconds() - machine_before) / elapsed
     tree = [pid for proc in st.workers for pid in fleet_stack.process_tree(proc.pid)]
     cores = max(0.0, fleet_stack.cpu_seconds(tree) - cpu_before) / elapsed / max(1, len(st.workers))
     failed = [r for r in results if not r.finished]
     if failed:
         raise RuntimeError(f"{len(failed)} Turns did not finish: {failed[0].raw[-400:]!r}")
-    return len(results) / elapsed, cores, machine, sampler.saturated_fraction(os.cpu_count() or 1)
+    return len(results) / elapsed, cores, machine.mean_cores, machine.saturated_fraction(os.cpu_count() or 1)
 
 
 def run(

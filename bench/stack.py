@@ -347,6 +347,7 @@ class MachineSampler:
 
         self.interval = interval
         self.samples: list[float] = []
+        self.busy_seconds = self.elapsed = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -360,10 +361,19 @@ class MachineSampler:
 
     def _run(self) -> None:
         before, at = machine_busy_seconds(), time.monotonic()
-        while not self._stop.wait(self.interval):
+        stopping = False
+        while not stopping:
+            stopping = self._stop.wait(self.interval)
             now_busy, now = machine_busy_seconds(), time.monotonic()
             self.samples.append((now_busy - before) / (now - at))
+            self.busy_seconds += now_busy - before
+            self.elapsed += now - at
             before, at = now_busy, now
+
+    @property
+    def mean_cores(self) -> float:
+        """Busy cores on average over the whole time in use."""
+        return self.busy_seconds / self.elapsed if self.elapsed else 0.0
 
     def saturated_fraction(self, cores: int, share: float = 0.9) -> float:
         """The fraction of intervals in which at least `share` of all cores were busy."""

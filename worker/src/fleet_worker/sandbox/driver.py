@@ -25,11 +25,11 @@ import structlog
 
 from fleet_worker.sandbox.errors import SandboxUnavailable
 from fleet_worker.sandbox.jail import DRIVER_SOURCE, driver_mount
+from fleet_worker.sandbox.process import SETPRIV
 
 log = structlog.get_logger(__name__)
 PREFIX = "fleet-repl-"
 COMPILE_TIMEOUT_SECONDS = 30.0
-SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 PYC_HEADER_BYTES = 16  # magic, flags, and two words a .pyc run as a script does not check
 # Run by the sandbox's interpreter under -I -S: source on stdin, the .pyc's bytes on stdout.
 # Flags 0 and zero source stamps: nothing compares this .pyc with a source file.

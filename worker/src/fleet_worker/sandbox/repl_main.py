@@ -265,7 +265,7 @@ def jsonable(value: object) -> object:
     return str(value)
 
 
-def child_main(fd_in: int, fd_out: int) -> NoReturn:
+def child_main(sock: int) -> NoReturn:
     """The interpreter: stdout/stderr are the output pipe (fds 1 and 2), frames go to the supervisor."""
     with contextlib.suppress(OSError):
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the supervisor
@@ -279,7 +279,7 @@ def child_main(fd_in: int, fd_out: int) -> NoReturn:
     sys.stderr = io.TextIOWrapper(
         io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", write_through=True
     )
-    channel = Channel(fd_in, fd_out)
+    channel = Channel(sock, sock)
     repl = Repl(channel)
     channel.send({"op": "ready"})
     import traceback  # noqa: F401  (describe's, loaded while the host reads the ready frame)
@@ -310,7 +310,6 @@ class Supervisor:
         self.output_fd = output_fd
         self.child_pid = 0
         self.child: Channel | None = None
-        self.child_fd: int | None = None
 
     def start_child(self) -> None:
         # A socket, not pipes: a cell may reopen its own pipes through /proc/self/fd and write
@@ -324,13 +323,12 @@ class Supervisor:
                 os.dup2(self.output_fd, 1)
                 os.dup2(self.output_fd, 2)
                 os.close(self.output_fd)
-                own = child_end.detach()
-                child_main(own, own)
+                child_main(child_end.detach())
             finally:
                 os._exit(3)
         child_end.close()
-        self.child_pid, self.child_fd = pid, parent_end.detach()
-        self.child = Channel(self.child_fd, self.child_fd)
+        self.child_pid, sock = pid, parent_end.detach()
+        self.child = Channel(sock, sock)
         if not self.await_child_ready():
             fatal("the interpreter did not start")
 
@@ -413,9 +411,9 @@ class Supervisor:
 
     def replace_child(self) -> None:
         end_child(self.child_pid)
-        if self.child_fd is not None:
-            os.close(self.child_fd)
-            self.child_fd = None
+        if self.child is not None:
+            os.close(self.child.fd_in)  # its only fd, both ways
+            self.child = None
         kill_leftovers(keep=0)
         self.start_child()
 
