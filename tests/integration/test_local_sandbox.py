@@ -109,6 +109,14 @@ def test_variables_are_injected(session: ReplSession) -> None:
     assert ok(session, "print(context['docs'][n - 2], n, path)", variables=variables) == "b 3 /x/y\n"
 
 
+def test_a_request_larger_than_a_socket_buffer_reaches_a_stopped_interpreter(session: ReplSession) -> None:
+    # Between cells the interpreter is stopped; a small request is queued before it is woken,
+    # a large one (it could fill the socket) only after: both must arrive whole.
+    ok(session, "x = 1")
+    for size in (10, 300_000, 4_000_000):
+        assert ok(session, "print(len(blob), x)", variables={"blob": "y" * size}) == f"{size} 1\n"
+
+
 def test_print_and_stderr_are_captured(session: ReplSession) -> None:
     code = "import sys\nprint('hello', 42)\nsys.stdout.write('out\\n')\nsys.stderr.write('err\\n')"
     result = run(session, code)
@@ -230,6 +238,20 @@ def test_tool_that_raises_becomes_a_catchable_runtime_error(session: ReplSession
     uncaught = run(session, "flaky('y')", tools={"flaky": flaky})
     assert uncaught.error is not None and uncaught.error.type == "RuntimeError"
     assert "upstream refused y" in uncaught.error.message
+
+
+def test_a_tool_replaced_under_the_same_name_gets_its_own_parameters(session: ReplSession) -> None:
+    # The session remembers each tool's parameter names between cells (a Turn passes the same
+    # tools to every cell); a new callable under an old name must not inherit the old names.
+    def first(prompt: str) -> str:
+        return f"first:{prompt}"
+
+    def second(question: str, depth: int = 0) -> str:
+        return f"second:{question}:{depth}"
+
+    assert ok(session, "print(ask('a'))", tools={"ask": first}) == "first:a\n"
+    assert ok(session, "print(ask('b', 2))", tools={"ask": second}) == "second:b:2\n"
+    assert ok(session, "print(ask('c'))", tools={"ask": first}) == "first:c\n"
 
 
 def test_tool_called_with_too_many_arguments(session: ReplSession) -> None:

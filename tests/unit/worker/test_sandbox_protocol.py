@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from fleet_worker.sandbox.jail import (
     resolve_python,
 )
 from fleet_worker.sandbox.protocol import (
+    FIRST_READ_BYTES,
     HEADER,
     MAX_FRAME_BYTES,
     encode_frame,
@@ -53,9 +55,31 @@ def test_round_trip_over_a_pipe(pipe: tuple[int, int]) -> None:
     read_fd, write_fd = pipe
     message = {"op": "execute", "id": 7, "code": "print('é ☃ \\ud800')", "variables": {"a": [1, 2.5]}}
     write_frame(write_fd, message)
-    write_frame(write_fd, {"op": "shutdown"})
     assert read_frame(read_fd, time.monotonic() + 1) == message
+    write_frame(write_fd, {"op": "shutdown"})
     assert read_frame(read_fd, time.monotonic() + 1) == {"op": "shutdown"}
+
+
+def test_a_frame_larger_than_the_first_read_and_one_in_pieces_arrive_whole(pipe: tuple[int, int]) -> None:
+    read_fd, write_fd = pipe
+    big = {"op": "result", "id": 1, "final": {"text": "x" * (3 * FIRST_READ_BYTES)}}
+    writer = threading.Thread(target=write_frame, args=(write_fd, big))
+    writer.start()  # more than the pipe holds: the reader must read while it is written
+    assert read_frame(read_fd, time.monotonic() + 5) == big
+    writer.join()
+    data = encode_frame({"op": "result", "id": 2})
+    for piece in (data[:2], data[2:7], data[7:]):
+        os.write(write_fd, piece)
+        time.sleep(0.01)  # each piece its own read
+    assert read_frame(read_fd, time.monotonic() + 1) == {"op": "result", "id": 2}
+
+
+def test_a_second_frame_before_the_host_answered_means_crashed(pipe: tuple[int, int]) -> None:
+    # The REPL waits for an answer after each frame; more bytes are a broken (or hostile) REPL.
+    read_fd, write_fd = pipe
+    os.write(write_fd, encode_frame({"op": "tool_call", "name": "a"}) + encode_frame({"op": "result"}))
+    with pytest.raises(SandboxCrashed, match="second frame"):
+        read_frame(read_fd, time.monotonic() + 1)
 
 
 def test_round_trip_over_file_objects() -> None:

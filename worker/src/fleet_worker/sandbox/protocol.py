@@ -83,21 +83,40 @@ def read_frame(
     With a deadline the source must be an fd or an unbuffered file: readiness is polled on the fd.
     `watch` runs about every second while nothing arrives (it raises to give up early).
     """
+    if isinstance(source, int) and deadline is not None:
+        return read_whole_frame(source, deadline, max_bytes, watch)
     (length,) = HEADER.unpack(read_exactly(source, HEADER.size, deadline, watch))
     if length > max_bytes:
         raise SandboxCrashed(f"REPL announced a {length}-byte frame, over the {max_bytes} limit")
     return decode_payload(read_exactly(source, length, deadline, watch))
 
 
-def read_exactly(
-    source: int | BinaryIO, size: int, deadline: float | None, watch: Watch | None = None
-) -> bytes:
-    """Read exactly `size` bytes; EOF before that means the REPL is gone."""
-    if not isinstance(source, int) and deadline is not None:
-        source = source.fileno()
+FIRST_READ_BYTES = 16 * 1024  # most frames fit; small enough that the buffer is no mmap
+
+
+def read_whole_frame(fd: int, deadline: float, max_bytes: int, watch: Watch | None) -> dict[str, Any]:
+    """One frame in as few reads as it arrived in (a cell's result: one poll and one read).
+
+    The REPL sends one frame and then waits for the host's answer (or the next cell), so bytes
+    past the frame's end can only come from a REPL that broke the protocol."""
     buffer = bytearray()
-    while len(buffer) < size:
-        want = min(size - len(buffer), READ_CHUNK_BYTES)
+    want = FIRST_READ_BYTES
+    while len(buffer) < HEADER.size:
+        buffer += read_some(fd, want, deadline, watch)
+    (length,) = HEADER.unpack_from(buffer)
+    if length > max_bytes:
+        raise SandboxCrashed(f"REPL announced a {length}-byte frame, over the {max_bytes} limit")
+    end = HEADER.size + length
+    if len(buffer) > end:
+        raise SandboxCrashed("REPL sent a second frame before the host answered the first")
+    while len(buffer) < end:
+        buffer += read_some(fd, min(end - len(buffer), READ_CHUNK_BYTES), deadline, watch)
+    return decode_payload(bytes(buffer[HEADER.size :]))
+
+
+def read_some(source: int | BinaryIO, want: int, deadline: float | None, watch: Watch | None) -> bytes:
+    """Between 1 and `want` bytes (an fd: once it is readable); EOF means the REPL is gone."""
+    while True:
         try:
             if isinstance(source, int):
                 wait_ready(source, deadline, writing=False, watch=watch)
@@ -110,7 +129,18 @@ def read_exactly(
             raise SandboxCrashed(f"cannot read from the REPL: {exc}") from exc
         if not chunk:
             raise SandboxCrashed("REPL closed its frame channel (EOF)")
-        buffer += chunk
+        return chunk
+
+
+def read_exactly(
+    source: int | BinaryIO, size: int, deadline: float | None, watch: Watch | None = None
+) -> bytes:
+    """Read exactly `size` bytes; EOF before that means the REPL is gone."""
+    if not isinstance(source, int) and deadline is not None:
+        source = source.fileno()
+    buffer = bytearray()
+    while len(buffer) < size:
+        buffer += read_some(source, min(size - len(buffer), READ_CHUNK_BYTES), deadline, watch)
     return bytes(buffer)
 
 

@@ -46,6 +46,9 @@ WATCH_SECONDS = 0.5  # how often the supervisor looks at a running child (stoppe
 # Values leaving the interpreter nest at most this deep: the host's checks recurse, and a deeper
 # value would cost it (or this supervisor) a RecursionError instead of a clean refusal.
 MAX_NESTING = 100
+# A request this small always fits a unix socket's send buffer (over 200 KiB by default), so it
+# can be written to a stopped child without blocking.
+QUEUED_REQUEST_BYTES = 32 * 1024
 STOPPED = "the REPL process was stopped (SIGSTOP); it was killed and restarted, so its state was reset"
 # Frames of this file are driver plumbing, never shown in a cell's traceback.
 DRIVER_FILE = __file__
@@ -69,31 +72,42 @@ class Channel:
         self.lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> None:
+        self.write(self.encode(message))
+
+    @staticmethod
+    def encode(message: dict[str, Any]) -> bytes:
         if nests_deeper(message, MAX_NESTING):
             raise ValueError(f"the value nests more than {MAX_NESTING} levels deep")
         payload = json.dumps(message, default=jsonable, separators=(",", ":")).encode("ascii")
         if len(payload) > MAX_FRAME_BYTES:
             raise ValueError(f"message of {len(payload)} bytes exceeds the frame limit")
-        data = memoryview(HEADER.pack(len(payload)) + payload)
+        return HEADER.pack(len(payload)) + payload
+
+    def write(self, frame: bytes) -> None:
+        data = memoryview(frame)
         while data:
             data = data[os.write(self.fd_out, data) :]
 
     def receive(self) -> dict[str, Any] | None:
         """The next message; None when the other side closed the channel or broke the format."""
+        return self.receive_frame()[0]
+
+    def receive_frame(self) -> tuple[dict[str, Any] | None, bytes]:
+        """The next message and its frame as it came (to pass on without encoding it again)."""
         header = self.read_exactly(HEADER.size)
         if header is None:
-            return None
+            return None, b""
         (length,) = HEADER.unpack(header)
         if length > MAX_FRAME_BYTES:
-            return None
+            return None, b""
         payload = self.read_exactly(length)
         if payload is None:
-            return None
+            return None, b""
         try:
             message = json.loads(payload.decode("utf-8"))
         except (ValueError, RecursionError):
-            return None
-        return message if isinstance(message, dict) else None
+            return None, b""
+        return (message, header + payload) if isinstance(message, dict) else (None, b"")
 
     def read_exactly(self, size: int) -> bytes | None:
         buffer = bytearray()
@@ -338,18 +352,25 @@ class Supervisor:
 
     def serve(self) -> None:
         while True:
-            message = self.host.receive()
+            message, frame = self.host.receive_frame()
             if message is None or message.get("op") == "shutdown":
                 return
             if message.get("op") != "execute":
                 fatal(f"unexpected op {message.get('op')!r} from the host")
-            self.run_cell(message)
+            self.run_cell(message, frame)
 
-    def run_cell(self, request: dict[str, Any]) -> None:
+    def run_cell(self, request: dict[str, Any], frame: bytes) -> None:
+        """`frame` is the host's request as it came: the child gets it unchanged (the host is
+        trusted; a large context is not encoded a second time)."""
         request_id = request.get("id")
         assert self.child is not None
-        signal_child(self.child_pid, signal.SIGCONT)
-        self.send_to_child(request)
+        if len(frame) <= QUEUED_REQUEST_BYTES:
+            # Queued while the child is still stopped, so SIGCONT wakes it once, to read it.
+            self.write_to_child(frame)
+            signal_child(self.child_pid, signal.SIGCONT)
+        else:  # it could fill the socket: a stopped child would never drain it
+            signal_child(self.child_pid, signal.SIGCONT)
+            self.write_to_child(frame)
         while True:
             message = self.next_from_child()
             if isinstance(message, str):  # the child is gone or broke the protocol
@@ -390,11 +411,14 @@ class Supervisor:
                 return
 
     def send_to_child(self, message: dict[str, Any]) -> None:
+        self.write_to_child(Channel.encode(message))
+
+    def write_to_child(self, frame: bytes) -> None:
         """A child that is gone (a cell can end its own process) cannot take it: that is not our
         end. Its socket then reads as closed, and next_from_child says how the child ended."""
         assert self.child is not None
         with contextlib.suppress(OSError):
-            self.child.send(message)
+            self.child.write(frame)
 
     def next_from_child(self) -> dict[str, Any] | str:
         """The child's next frame, or why there will be none (it died, or it was stopped)."""
@@ -483,6 +507,8 @@ def kill_leftovers(keep: int) -> None:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
+        if not others_than(keep):
+            return
         alive = {
             pid for pid in descendants(os.getpid()) - {keep} if process_state(pid) not in ("Z", "X", "?")
         }
@@ -491,6 +517,18 @@ def kill_leftovers(keep: int) -> None:
         for pid in alive:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def others_than(keep: int) -> bool:
+    """Whether /proc lists a process besides pid 1, this one and `keep`. Only such a process can
+    be a leftover, so the common cell (the jail's pid namespace holds just bwrap's init, the
+    supervisor and the interpreter) costs one directory read instead of a stat of every process."""
+    try:
+        listed = os.listdir("/proc")
+    except OSError:
+        return True  # cannot tell: do the full scan
+    usual = {"1", str(os.getpid()), str(keep)}
+    return any(entry.isdigit() and entry not in usual for entry in listed)
 
 
 def descendants(root: int) -> set[int]:

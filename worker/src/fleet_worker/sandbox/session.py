@@ -106,6 +106,8 @@ class ReplSession:
         self._interrupted = False
         self._closed = False
         self._next_id = 0
+        # inspect.signature costs tens of µs per tool per cell; a Turn passes the same tools.
+        self._tool_params: dict[str, tuple[Callable[..., Any], list[str]]] = {}
 
     @property
     def pid(self) -> int | None:
@@ -148,7 +150,7 @@ class ReplSession:
                     "id": request_id,
                     "code": code,
                     "variables": dict(variables),
-                    "tools": {name: tool_params(tool) for name, tool in tools.items()},
+                    "tools": {name: self._params_of(name, tool) for name, tool in tools.items()},
                     "output_fields": list(output_fields) if output_fields is not None else None,
                 }
             )
@@ -182,6 +184,14 @@ class ReplSession:
                 raise CellTimeout(self._cell_timeout, stdout=stdout, truncated=truncated)
             reason = self._crash_reason(repl, failure)
             raise CellCrashed(reason, stdout=stdout, truncated=truncated) from failure
+
+    def _params_of(self, name: str, tool: Callable[..., Any]) -> list[str]:
+        known = self._tool_params.get(name)
+        if known is not None and known[0] is tool:
+            return known[1]
+        params = tool_params(tool)
+        self._tool_params[name] = (tool, params)
+        return params
 
     def _checked(self, result: CellResult) -> CellResult:
         """A cell that ended with the workspace over its budget: told so (its files stay)."""
