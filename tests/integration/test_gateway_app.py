@@ -4,12 +4,14 @@ readiness, a dead Redis, auth, and the error envelope."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from litestar.handlers import HTTPRouteHandler
 from litestar.testing import TestClient
 
 from fleet_gateway.app import create_app
@@ -73,6 +75,22 @@ def test_dead_redis_refuses_the_turn_with_503_and_commits_nothing(
         f"/api/sessions/{session_id}/turns", json={"text": "hi"}, headers={"Idempotency-Key": "b"}
     )
     assert again.status_code == 503  # not 409: no Run was left holding the session
+
+
+def test_no_guard_or_hook_runs_in_a_thread_pool(sqlite_url: str, redis_url: str) -> None:
+    # Litestar runs a sync guard or before_request hook through a thread pool, once per request:
+    # two thread hops on every Turn's POST before its first byte. Each must be a coroutine.
+    app = create_app(settings_for(sqlite_url, redis_url, FLEET_API_TOKEN="t0ken-value"))
+    checked = 0
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", []):
+            hooks = [*handler.resolve_guards()]
+            if isinstance(handler, HTTPRouteHandler):
+                hooks += [handler.resolve_before_request(), handler.resolve_after_response()]
+            for hook in filter(None, hooks):
+                assert inspect.iscoroutinefunction(hook), f"{handler} has a sync hook {hook!r}"
+                checked += 1
+    assert checked > 20  # the auth guard and the JSON-body hook of every API route, at least
 
 
 def test_bearer_auth_when_a_token_is_set(sqlite_url: str, redis_url: str) -> None:

@@ -212,7 +212,8 @@ def bad_value(request: Request[Any, Any, Any], exc: DataError) -> Any:
 def require_token(settings: Settings) -> Any:
     """Bearer auth when FLEET_API_TOKEN is set, compared in constant time."""
 
-    def guard(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
+    # async, like every guard and hook: Litestar runs a sync one in a thread pool, per request.
+    async def guard(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
         if settings.api_token is None:
             return
         header = connection.headers.get("authorization", "")

@@ -84,7 +84,7 @@ JSON_MEDIA_TYPES = ("application/json",)
 MULTIPART_PATHS = ("/api/attachments",)  # the one route whose body is a multipart upload
 
 
-def require_json_body(request: Request[Any, Any, Any]) -> None:
+async def require_json_body(request: Request[Any, Any, Any]) -> None:
     """A before_request hook of the API router: a body sent as anything but JSON is a 415 in the
     envelope (not a confusing "not valid JSON" 422). No content-type is taken as JSON."""
     if request.method not in ("POST", "PUT", "PATCH") or request.url.path in MULTIPART_PATHS:

@@ -28,7 +28,9 @@ log = structlog.get_logger(__name__)
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
 
 
-def require_loopback(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
+async def require_loopback(
+    connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler
+) -> None:
     client = connection.client
     if client is None or client.host not in LOOPBACK_HOSTS:
         raise ApiError(403, "forbidden", "settings are served to loopback clients only")

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Literal, cast
 
 import msgspec
-from sqlalchemy import Table, and_, delete, func, insert, literal, or_, select
+from sqlalchemy import Table, and_, bindparam, delete, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -118,24 +118,58 @@ class ClaimContext:
     last_sequence: int
 
 
+SESSIONS = cast(Table, Session.__table__)
+# The claim's statements are built once: building and cache-keying a statement costs more than
+# running it on SQLite, and the claim sits between a POST and its first byte. Core rows, not
+# ORM entities, for the same reason.
+LAST_SEQUENCE = (
+    select(func.max(TURNS.c.sequence)).where(TURNS.c.session_id == bindparam("session_id")).scalar_subquery()
+)
+CLAIM_CONTEXT = (
+    select(SESSIONS.c.status, LAST_SEQUENCE, *RUNS.c)
+    .select_from(SESSIONS)
+    .outerjoin(
+        RUNS,
+        and_(
+            RUNS.c.session_id == SESSIONS.c.id,
+            or_(RUNS.c.idempotency_key == bindparam("key"), RUNS.c.status.in_(ACTIVE_VALUES)),
+        ),
+    )
+    .where(SESSIONS.c.id == bindparam("session_id"))
+)
+# What a claim sets; the other columns stay SQL NULL (a JSON column given None would store `null`).
+CLAIMED_COLUMNS = (
+    "id", "session_id", "status", "attempt", "idempotency_key", "request_fingerprint", "model",
+    "user_sequence", "last_seq", "created_at",
+)  # fmt: skip
+INSERT_RUN_UNLESS_ARCHIVED = insert(RUNS).from_select(
+    list(CLAIMED_COLUMNS),
+    select(*(bindparam(name, type_=RUNS.c[name].type) for name in CLAIMED_COLUMNS)).where(
+        SESSIONS.c.id == bindparam("session_id"), SESSIONS.c.status != "archived"
+    ),
+)
+INSERT_TURN = insert(TURNS)
+
+
 async def claim_context(db: AsyncSession, session_id: str, key: str) -> ClaimContext:
     """An outer join from the session row, so the session's status and last sequence come back
     even when no Run matches (and no row at all means no session)."""
-    last = select(func.max(Turn.sequence)).where(Turn.session_id == session_id).scalar_subquery()
-    matching = and_(
-        Run.session_id == Session.id, or_(Run.idempotency_key == key, Run.status.in_(ACTIVE_VALUES))
-    )
-    query = select(Session.status, last, Run).select_from(Session).outerjoin(Run, matching)
-    rows = (await db.execute(query.where(Session.id == session_id))).all()
+    connection = await db.connection()
+    rows = (await connection.execute(CLAIM_CONTEXT, {"session_id": session_id, "key": key})).all()
     if not rows:
         return ClaimContext(None, None, None, 0)
-    runs = [run for _, _, run in rows if run is not None]
+    runs = [run_of(row[2:]) for row in rows if row[2] is not None]
     return ClaimContext(
         session_status=rows[0][0],
         keyed=next((run for run in runs if run.idempotency_key == key), None),
         active=next((run for run in runs if run.idempotency_key != key), None),
         last_sequence=int(rows[0][1] or 0),
     )
+
+
+def run_of(values: Sequence[object]) -> Run:
+    """A detached Run from a row of RUNS's columns, in table order."""
+    return Run(**{column.key: value for column, value in zip(RUNS.columns, values, strict=True)})
 
 
 def outcome_of(context: ClaimContext, fingerprint: str) -> Claimed | ClaimRefused | None:
@@ -175,37 +209,32 @@ async def claim_turn(
     if outcome is not None:
         return outcome
     stamp = now()
-    run = Run(
-        id=new_id(),
-        session_id=session_id,
-        status=RunStatus.QUEUED.value,
-        attempt=0,
-        idempotency_key=idempotency_key,
-        request_fingerprint=fingerprint,
-        model=model,
-        user_sequence=context.last_sequence + 1,
-        failure_code=None,
-        failure_message=None,
-        usage=None,
-        last_seq=0,
-        created_at=stamp,
-        started_at=None,
-        finished_at=None,
-    )
+    values = {
+        "id": new_id(), "session_id": session_id, "status": RunStatus.QUEUED.value, "attempt": 0,
+        "idempotency_key": idempotency_key, "request_fingerprint": fingerprint, "model": model,
+        "user_sequence": context.last_sequence + 1, "last_seq": 0, "created_at": stamp,
+    }  # fmt: skip
     parts = [
         {"type": "text", "text": text},
         *(attachment_part(a.id, a.filename, a.byte_size) for a in attachments),
         *(selected_skill_part(skill) for skill in skills),
     ]
     try:
-        if not await insert_unless_archived(db, run):
+        connection = await db.connection()
+        # On SQLite the INSERT takes the write lock, so no archive lands before our commit; on
+        # PostgreSQL an archive committed before this statement is seen here (READ COMMITTED
+        # reads per statement), and one committed after it orders after the claim.
+        inserted = await connection.execute(INSERT_RUN_UNLESS_ARCHIVED, values)
+        if not getattr(inserted, "rowcount", 0):
             await db.rollback()
             return ClaimRefused("session_archived")
-        await db.execute(
-            insert(TURNS).values(
-                id=new_id(), session_id=session_id, run_id=run.id, sequence=run.user_sequence,
-                role="user", parts=parts, status="completed", created_at=stamp,
-            )
+        await connection.execute(
+            INSERT_TURN,
+            {
+                "id": new_id(), "session_id": session_id, "run_id": values["id"],
+                "sequence": values["user_sequence"], "role": "user", "parts": parts,
+                "status": "completed", "created_at": stamp,
+            },
         )  # fmt: skip
         await db.commit()
     except IntegrityError:
@@ -213,24 +242,9 @@ async def claim_turn(
         await db.rollback()
         context = await claim_context(db, session_id, idempotency_key)
         return outcome_of(context, fingerprint) or ClaimRefused("turn_in_progress")
+    unset = dict.fromkeys(("failure_code", "failure_message", "usage", "started_at", "finished_at"))
+    run = Run(**values, **unset)
     return Claimed(run, created=True)
-
-
-async def insert_unless_archived(db: AsyncSession, run: Run) -> bool:
-    """INSERT the Run only while its session is not archived, in one statement; False if it was.
-
-    Atomic with the claim: on SQLite the INSERT takes the write lock, so no archive lands before
-    our commit; on PostgreSQL an archive committed before this statement is seen here (READ
-    COMMITTED reads per statement), and one committed after it orders after the claim, as if the
-    session were archived just after this Turn was accepted."""
-    # Unset columns are left out (SQL NULL): a JSON column given None would store JSON `null`.
-    values = {column.key: getattr(run, column.key) for column in RUNS.columns}
-    values = {key: value for key, value in values.items() if value is not None}
-    source = select(*(literal(value, type_=RUNS.c[key].type) for key, value in values.items())).where(
-        Session.id == run.session_id, Session.status != "archived"
-    )
-    result = await db.execute(insert(RUNS).from_select(list(values), source))
-    return bool(getattr(result, "rowcount", 0))
 
 
 def same_key_outcome(run: Run, fingerprint: str) -> Claimed | ClaimRefused:
