@@ -8,6 +8,7 @@ import os
 import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from typing import Any
 
 import structlog
@@ -45,7 +46,7 @@ from fleet_gateway.routes.turns import TurnController
 from fleet_gateway.state import GatewayState
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings
-from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.db.engine import create_engine, dispose_engine, session_factory
 from fleet_shared.db.faults import is_unreachable
 from fleet_shared.event_log import RunLog
 from fleet_shared.queue import deserialize_job, serialize_job
@@ -67,7 +68,7 @@ def create_app(settings: Settings) -> Litestar:
     async def resources(_app: Litestar) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:  # teardown in reverse order
             engine = create_engine(settings.database_url)
-            stack.push_async_callback(bounded, "database.dispose", engine.dispose)
+            stack.push_async_callback(bounded, "database.dispose", partial(dispose_engine, engine))
             arq = queue_client(settings)
             stack.push_async_callback(bounded, "redis.queue.close", arq.aclose)
             events, probe = listener(settings.redis_url), probe_client(settings.redis_url)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import structlog
@@ -20,7 +21,7 @@ from redis.exceptions import RedisError
 from fleet_shared import redis_keys
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings
-from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.db.engine import create_engine, dispose_engine, session_factory
 from fleet_shared.event_log import RunLog
 from fleet_shared.queue import RUN_TURN, announce_queued, deserialize_job, health_check_key, serialize_job
 from fleet_shared.recovery import Sweeper
@@ -125,7 +126,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             )
             deps.sandbox_ops.shutdown(wait=False)
         if "engine" in ctx:
-            await bounded("database.dispose", ctx["engine"].dispose)
+            await bounded("database.dispose", partial(dispose_engine, ctx["engine"]))
         ctx["closed"] = True
 
     async def slot_freed(ctx: dict[str, Any]) -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, cast
 
 import msgspec
-from sqlalchemy import Table, and_, bindparam, delete, func, insert, or_, select
+from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from fleet_shared.db.engine import sqlite_twin
 from fleet_shared.db.models import Attachment, Run, RunEventRow, Session, Skill, Turn, Workspace
 from fleet_shared.events import (
     RunEvent,
@@ -151,11 +153,19 @@ INSERT_RUN_UNLESS_ARCHIVED = insert(RUNS).from_select(
 INSERT_TURN = insert(TURNS)
 
 
-async def claim_context(db: AsyncSession, session_id: str, key: str) -> ClaimContext:
+@dataclass(frozen=True)
+class ClaimRequest:
+    session_id: str
+    idempotency_key: str
+    fingerprint: str
+    model: str
+    parts: list[dict[str, object]]  # the user Turn's UIMessage parts
+
+
+def read_claim_context(connection: Connection, session_id: str, key: str) -> ClaimContext:
     """An outer join from the session row, so the session's status and last sequence come back
     even when no Run matches (and no row at all means no session)."""
-    connection = await db.connection()
-    rows = (await connection.execute(CLAIM_CONTEXT, {"session_id": session_id, "key": key})).all()
+    rows = connection.execute(CLAIM_CONTEXT, {"session_id": session_id, "key": key}).all()
     if not rows:
         return ClaimContext(None, None, None, 0)
     runs = [run_of(row[2:]) for row in rows if row[2] is not None]
@@ -201,50 +211,76 @@ async def claim_turn(
     then one `data-attachment` part per attachment and one `data-skill` part per selected skill:
     the worker stages and loads them from there).
 
-    Three statements and the commit, because a claim sits between a POST and its first byte and
-    each statement is a round trip (on SQLite, a hop to aiosqlite's thread and back): one read,
-    then plain INSERTs. The Run returned is built from the inserted values, outside the ORM."""
-    context = await claim_context(db, session_id, idempotency_key)
-    outcome = outcome_of(context, fingerprint)
-    if outcome is not None:
-        return outcome
-    stamp = now()
-    values = {
-        "id": new_id(), "session_id": session_id, "status": RunStatus.QUEUED.value, "attempt": 0,
-        "idempotency_key": idempotency_key, "request_fingerprint": fingerprint, "model": model,
-        "user_sequence": context.last_sequence + 1, "last_seq": 0, "created_at": stamp,
-    }  # fmt: skip
+    A claim sits between a POST and its first byte, so it is one read, two plain INSERTs and the
+    commit, on a connection of its own: on SQLite in one hop to a thread (the engine's pysqlite
+    twin), on PostgreSQL a round trip per statement. The Run returned is built from the inserted
+    values, outside the ORM."""
     parts = [
         {"type": "text", "text": text},
         *(attachment_part(a.id, a.filename, a.byte_size) for a in attachments),
         *(selected_skill_part(skill) for skill in skills),
     ]
-    try:
-        connection = await db.connection()
-        # On SQLite the INSERT takes the write lock, so no archive lands before our commit; on
-        # PostgreSQL an archive committed before this statement is seen here (READ COMMITTED
-        # reads per statement), and one committed after it orders after the claim.
-        inserted = await connection.execute(INSERT_RUN_UNLESS_ARCHIVED, values)
-        if not getattr(inserted, "rowcount", 0):
-            await db.rollback()
-            return ClaimRefused("session_archived")
-        await connection.execute(
-            INSERT_TURN,
-            {
-                "id": new_id(), "session_id": session_id, "run_id": values["id"],
-                "sequence": values["user_sequence"], "role": "user", "parts": parts,
-                "status": "completed", "created_at": stamp,
-            },
-        )  # fmt: skip
+    request = ClaimRequest(session_id, idempotency_key, fingerprint, model, parts)
+    if db.in_transaction():  # the caller's lookups: end them (and free their connection) first
         await db.commit()
+    engine = db.bind
+    if not isinstance(engine, AsyncEngine):
+        raise TypeError("claim_turn needs a session bound to an AsyncEngine")
+    twin = sqlite_twin(engine)
+    if twin is not None:
+        return await asyncio.to_thread(claim_with, twin, request)
+    async with engine.connect() as connection:
+        return await connection.run_sync(claim_on, request)
+
+
+def claim_with(engine: Engine, request: ClaimRequest) -> Claimed | ClaimRefused:
+    with engine.connect() as connection:
+        return claim_on(connection, request)
+
+
+def claim_on(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
+    """The claim's transaction on a connection it has to itself: committed only for a new Run."""
+    try:
+        outcome = try_claim(connection, request)
     except IntegrityError:
         # A concurrent claim won the race: answer as if it had committed before we looked.
-        await db.rollback()
-        context = await claim_context(db, session_id, idempotency_key)
-        return outcome_of(context, fingerprint) or ClaimRefused("turn_in_progress")
+        connection.rollback()
+        context = read_claim_context(connection, request.session_id, request.idempotency_key)
+        outcome = outcome_of(context, request.fingerprint) or ClaimRefused("turn_in_progress")
+    if isinstance(outcome, Claimed) and outcome.created:
+        connection.commit()
+    else:
+        connection.rollback()
+    return outcome
+
+
+def try_claim(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
+    context = read_claim_context(connection, request.session_id, request.idempotency_key)
+    outcome = outcome_of(context, request.fingerprint)
+    if outcome is not None:
+        return outcome
+    stamp = now()
+    values = {
+        "id": new_id(), "session_id": request.session_id, "status": RunStatus.QUEUED.value,
+        "attempt": 0, "idempotency_key": request.idempotency_key,
+        "request_fingerprint": request.fingerprint, "model": request.model,
+        "user_sequence": context.last_sequence + 1, "last_seq": 0, "created_at": stamp,
+    }  # fmt: skip
+    # On SQLite the INSERT takes the write lock, so no archive lands before our commit; on
+    # PostgreSQL an archive committed before this statement is seen here (READ COMMITTED reads
+    # per statement), and one committed after it orders after the claim.
+    if not getattr(connection.execute(INSERT_RUN_UNLESS_ARCHIVED, values), "rowcount", 0):
+        return ClaimRefused("session_archived")
+    connection.execute(
+        INSERT_TURN,
+        {
+            "id": new_id(), "session_id": request.session_id, "run_id": values["id"],
+            "sequence": values["user_sequence"], "role": "user", "parts": request.parts,
+            "status": "completed", "created_at": stamp,
+        },
+    )  # fmt: skip
     unset = dict.fromkeys(("failure_code", "failure_message", "usage", "started_at", "finished_at"))
-    run = Run(**values, **unset)
-    return Claimed(run, created=True)
+    return Claimed(Run(**values, **unset), created=True)
 
 
 def same_key_outcome(run: Run, fingerprint: str) -> Claimed | ClaimRefused:
