@@ -8,6 +8,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import REGISTRY
+
 from fleet_shared import redis_keys
 from fleet_shared.db import queries
 from fleet_shared.event_log import control_channel
@@ -494,7 +496,11 @@ async def test_a_skill_card_changed_after_the_check_fails_the_turn_clearly(harne
     async with harness.sessions() as db:
         await db.execute(update(Skill).where(Skill.id == skill_id).values(version="2"))
         await db.commit()
+    released = REGISTRY.get_sample_value("fleet_sandbox_lease_seconds_count", {"provider": "local"}) or 0
     await harness.work()
     terminal = (await harness.events(run_id))[-1]
     assert isinstance(terminal, RunFailed) and terminal.code == "skill_unavailable"
     assert f"{skill_id!r} changed since the Turn was sent" in terminal.message
+    # The sandbox is acquired while the history loads; the load failed, and the lease was released.
+    after = REGISTRY.get_sample_value("fleet_sandbox_lease_seconds_count", {"provider": "local"})
+    assert after == released + 1

@@ -506,6 +506,28 @@ def test_run_program_end_to_end_in_process(tmp_path: Path) -> None:
     assert harness.sessions[0].closed is True
 
 
+def test_the_repl_starts_with_the_first_cell_not_before_the_first_lm_call(tmp_path: Path) -> None:
+    # dspy calls the interpreter's start() before its first LM call. fleet's REPL is already
+    # starting (from the lease) or warm, so start() must not wait: the REPL's start then
+    # overlaps that LM call instead of preceding it.
+    harness = Harness(tmp_path, *KEYWORD_SCRIPT)
+    root_lines_at_start: list[int] = []
+
+    class RecordingSession(InMemorySession):
+        def start(self) -> None:
+            root_lines_at_start.append(harness.cursor.positions["root"])
+            super().start()
+
+    def factory() -> InMemorySession:
+        session = RecordingSession()
+        harness.sessions.append(session)
+        return session
+
+    harness.interpreter_factory = factory  # type: ignore[method-assign]
+    assert harness.run().answer == "Hello there, friend! (3 words)"
+    assert root_lines_at_start and root_lines_at_start[0] == 1  # after the first root LM call
+
+
 def test_run_program_script_exhausted(tmp_path: Path) -> None:
     harness = Harness(tmp_path, {"lm": "root", "reasoning": "look", "code": "print('no submit')"})
     with pytest.raises(Exception) as info:

@@ -207,7 +207,10 @@ class SandboxInterpreter:
         return self.tool_table
 
     def start(self) -> None:
-        self.session.start()
+        """Does not wait for the REPL. dspy calls this before its first LM call; the REPL is
+        already starting (from the lease) or warm, and the first cell waits for it, so its start
+        overlaps that LM call. A REPL that cannot start fails that cell with CodeInterpreterError,
+        which ends the program: the price of a broken sandbox is one LM call."""
 
     def shutdown(self) -> None:
         self.session.shutdown()

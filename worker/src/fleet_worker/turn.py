@@ -196,6 +196,14 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
     claim = turn.claim
     turn.sink.emit(StatusChanged(run_id=claim.run_id, phase="preparation"))
     rlm = deps.settings.profile.rlm
+    loop = asyncio.get_running_loop()
+    asked = time.monotonic()
+    # The lease first: a workspace with no warm REPL starts one now, while the history loads.
+    acquiring = loop.run_in_executor(
+        deps.sandbox_ops, deps.sandboxes.acquire, claim.workspace_id, claim.run_id, claim.session_id
+    )
+    leased: list[float] = []  # when it was granted, for the held-time metric
+    cleanup.push_async_callback(release_when_acquired, deps, acquiring, leased)
     conversation = await load_conversation(
         deps.sessions,
         claim.session_id,
@@ -210,18 +218,13 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
             f"{rlm.max_history_chars} characters at most"
         )
         turn.sink.emit(Warning(run_id=claim.run_id, code="history_truncated", message=message))
-    loop = asyncio.get_running_loop()
-    asked = time.monotonic()
     try:
-        sandbox = await loop.run_in_executor(
-            deps.sandbox_ops, deps.sandboxes.acquire, claim.workspace_id, claim.run_id, claim.session_id
-        )
+        sandbox = await acquiring
     except SandboxUnavailable as exc:
         raise SandboxFailed(str(exc), code="sandbox_unavailable") from None
     except OSError as exc:  # e.g. a workspace a past Run left unusable; reported scrubbed
         raise SandboxError(f"the sandbox could not start: {exc}") from None
-    leased_at = metrics.observe_lease_wait(deps.settings.profile.sandbox.provider, asked)
-    cleanup.push_async_callback(release_shielded, deps, sandbox, leased_at)
+    leased.append(metrics.observe_lease_wait(deps.settings.profile.sandbox.provider, asked))
     turn.sandbox = sandbox
     described = await loop.run_in_executor(
         deps.sandbox_ops, stage_attachments, deps.blobs, sandbox, conversation.attachments, turn.sink
@@ -388,8 +391,17 @@ def settle_deadline(deps: WorkerDeps, turn: Turn) -> float:
     return max(deadline, time.monotonic() + SETTLE_GRACE_SECONDS)
 
 
-async def release_shielded(deps: WorkerDeps, sandbox: SandboxLease, leased_at: float) -> None:
-    """Release the sandbox even if the job is being cancelled."""
+async def release_when_acquired(
+    deps: WorkerDeps, acquiring: asyncio.Future[SandboxLease], leased: list[float]
+) -> None:
+    """Release the Turn's sandbox once its acquire ends (even if prepare() failed before then),
+    and even if the job is being cancelled."""
+    try:
+        sandbox = await asyncio.shield(acquiring)
+    except Exception:
+        return  # nothing was leased (prepare() reported why, or failed first for its own reason)
     loop = asyncio.get_running_loop()
     await asyncio.shield(loop.run_in_executor(deps.sandbox_ops, sandbox.release))
-    metrics.observe_lease_held(deps.settings.profile.sandbox.provider, leased_at)
+    metrics.observe_lease_held(
+        deps.settings.profile.sandbox.provider, leased[0] if leased else time.monotonic()
+    )
