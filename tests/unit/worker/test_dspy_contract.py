@@ -42,6 +42,7 @@ from fleet_worker.dspy_adapter import (
 )
 from fleet_worker.errors import ScriptExhausted, TurnStopped
 from fleet_worker.lm.script import ScriptCursor, completion_text, count_tokens, load_script
+from fleet_worker.rlm import INITIAL_ATTRIBUTES, FleetRLM
 from fleet_worker.sandbox import repl_main
 from fleet_worker.sandbox.boundary import Caps, CellResult, call_host_tool, parse_result
 from fleet_worker.sandbox.protocol import HEADER, decode_payload, encode_frame
@@ -526,6 +527,42 @@ def test_the_repl_starts_with_the_first_cell_not_before_the_first_lm_call(tmp_pa
     harness.interpreter_factory = factory  # type: ignore[method-assign]
     assert harness.run().answer == "Hello there, friend! (3 words)"
     assert root_lines_at_start and root_lines_at_start[0] == 1  # after the first root LM call
+
+
+def test_fleet_rlm_shares_its_signatures_and_prompts_what_dspy_would() -> None:
+    # FleetRLM builds signatures once per shape (rlm.py); each RLM is still its own module.
+    def same(ours: Any, theirs: Any) -> None:
+        assert ours.instructions == theirs.instructions
+        assert list(ours.input_fields) == list(theirs.input_fields)
+        assert list(ours.output_fields) == list(theirs.output_fields)
+
+    first, second = (FleetRLM(dspy_adapter.TurnSignature, max_iters=3, max_llm_calls=5) for _ in range(2))
+    plain = dspy.RLM(dspy_adapter.TurnSignature, max_iters=3, max_llm_calls=5)
+    assert first is not second and first.generate_action is not second.generate_action
+    assert first.generate_action.signature is second.generate_action.signature
+    assert first.extract.signature is second.extract.signature
+    same(second.generate_action.signature, plain.generate_action.signature)
+    same(second.extract.signature, plain.extract.signature)
+    for name in INITIAL_ATTRIBUTES:
+        assert getattr(second, name) == getattr(plain, name)
+
+    # fleet's REPL hosts no dspy sub-agents: dspy derives the action signature per iteration.
+    def factory() -> None:
+        return None
+
+    derived = first._action_signature_for_current_factory(factory, "")
+    assert second._action_signature_for_current_factory(factory, "") is derived
+    same(derived, plain._action_signature_for_current_factory(factory, ""))
+    assert derived.instructions != first.generate_action.signature.instructions
+
+    other = FleetRLM(
+        dspy_adapter.TurnSignature, max_iters=3, max_llm_calls=9
+    )  # another budget, another prompt
+    assert other.generate_action.signature is not first.generate_action.signature
+    same(
+        other.generate_action.signature,
+        dspy.RLM(dspy_adapter.TurnSignature, max_llm_calls=9).generate_action.signature,
+    )
 
 
 def test_run_program_script_exhausted(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
-"""The only module that imports dspy: LMs, the RLM program, and callbacks → Runtime Events.
+"""With `rlm.py` (its RLM subclass), the only module that imports dspy: LMs, the RLM program,
+and callbacks → Runtime Events.
 
-It uses public DSPy API only: `dspy.RLM`, `dspy.LM(engine=...)`, `BaseCallback`, the
-`CodeInterpreter` protocol and `interpreter_factory`. `tests/unit/worker/test_dspy_contract.py`
-fails loudly if an upgrade changes what we rely on.
+It uses public DSPy API: `dspy.RLM`, `dspy.LM(engine=...)`, `BaseCallback`, the
+`CodeInterpreter` protocol and `interpreter_factory`; only `rlm.FleetRLM` overrides two private
+methods, to build signatures once. `tests/unit/worker/test_dspy_contract.py` fails loudly if an
+upgrade changes what we rely on.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fleet_worker import metrics
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, asks_for_the_answer, completion_text, count_tokens
 from fleet_worker.observer import TurnObserver
+from fleet_worker.rlm import FleetRLM
 from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.provider import Repl
 from fleet_worker.sandbox.workspace import HOST_PATHS
@@ -278,7 +281,7 @@ def new_rlm(
     sub_lm: dspy.LM,
     tools: list[Callable[..., Any]] | None,
 ) -> dspy.RLM:
-    return dspy.RLM(
+    return FleetRLM(
         signature,
         max_iters=limits.max_iters,
         max_llm_calls=limits.max_llm_calls,
