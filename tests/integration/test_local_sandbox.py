@@ -373,6 +373,25 @@ def test_a_lease_released_while_its_repl_starts_leaves_nothing(
         time.sleep(0.05)
 
 
+def test_a_warm_repl_is_started_only_when_the_last_lease_comes_back(workspace: Path) -> None:
+    # Under load, a warm REPL for a Run that may never come takes CPU the running Turns need;
+    # an idle worker starts one for the workspace's next Run.
+    provider = LocalSandboxProvider(LocalSandboxConfig(pool_size=4), caps=Caps(), workspaces=workspace.parent)
+    pool = provider._pool
+    try:
+        other = provider.acquire(f"{workspace.name}-other", "run-other")
+        busy = provider.acquire(workspace.name, "run-busy")
+        busy.release()  # another lease is still out: no warm REPL
+        pool.wait_started()
+        assert not pool.holds(workspace)
+        other.release()  # the last one out: its workspace gets a warm REPL
+        pool.wait_started()
+        assert pool.holds(workspace.parent / f"{workspace.name}-other")
+        assert not pool.holds(workspace)
+    finally:
+        provider.close()
+
+
 def test_acquire_creates_the_workspace_layout(
     open_lease: Callable[..., LocalSandboxLease], workspace: Path
 ) -> None:

@@ -87,6 +87,9 @@ class LocalSandboxLease:
         self._cfg = cfg
         self._caps = caps
         self._pool = pool
+        self._counted_by = pool  # told at release even when retire() forgoes the warm REPL
+        if pool is not None:
+            pool.lease_out()
         self.files = LocalWorkspaceFiles(workspace, launch.run_as)
         self._sessions: list[ReplSession] = []
         self._released = False
@@ -135,6 +138,7 @@ class LocalSandboxLease:
             if self._released:
                 return
             self._released = True
+            idle = self._counted_by.lease_back() if self._counted_by is not None else False
             sessions, self._sessions = self._sessions, []
             if self._warm is not None:  # taken from the pool, never used: it goes down too
                 sessions.append(self._warm)
@@ -149,7 +153,7 @@ class LocalSandboxLease:
         except Exception as exc:  # a hostile tree must not turn a release into a crash
             log.warning("sandbox.sanitize_failed", run_id=self.run_id, error=str(exc))
             return
-        if self._pool is not None:  # a fresh REPL for this workspace's next Run
+        if self._pool is not None and idle:  # a fresh REPL for this workspace's next Run
             self._pool.prewarm(self.workspace, self.make_session)
 
 

@@ -6,6 +6,10 @@ program's setup (and, with a provider LM, its first LM call) instead of precedin
 A REPL is never handed to another workspace, and never to a second Run: each warm REPL is new,
 started after the last Run's REPLs were shut down and its workspace sanitized. The pool holds at
 most `size` of them (least recently used go first), each for at most `max_idle_seconds`.
+
+A warm REPL is started only when the released lease was the worker's last one out. Under load a
+spawn for a Run that may never come (one-shot sessions) takes CPU the running Turns need, and a
+busy worker's next Turn starts its REPL at its lease anyway, overlapping its first LM call.
 """
 
 from __future__ import annotations
@@ -35,6 +39,26 @@ class WarmPool:
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-sandbox-warm")
         self._early = ThreadPoolExecutor(max_workers=EARLY_STARTERS, thread_name_prefix="fleet-sandbox-early")
         self._closed = False
+        self._out = 0  # leases made and not yet released
+
+    def lease_out(self) -> None:
+        with self._lock:
+            self._out += 1
+
+    def lease_back(self) -> bool:
+        """A lease was released; True when it was the last one out (the worker is idle)."""
+        with self._lock:
+            self._out = max(0, self._out - 1)
+            return self._out == 0
+
+    def holds(self, workspace: Path) -> bool:
+        """Whether a warm REPL is waiting for the workspace."""
+        with self._lock:
+            return workspace in self._entries
+
+    def wait_started(self) -> None:
+        """Until every warm REPL asked for so far has started (or failed to)."""
+        self._starter.submit(lambda: None).result()
 
     def take(self, workspace: Path) -> ReplSession | None:
         """The warm REPL of this workspace, if there is one; it leaves the pool."""
