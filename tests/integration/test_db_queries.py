@@ -77,7 +77,7 @@ async def test_a_claim_is_one_read_two_inserts_and_the_commit(database_url: str)
         # On SQLite the claim runs whole on the engine's pysqlite twin (one hop to a thread).
         twin = sqlite_twin(engine)
         assert (twin is not None) == database_url.startswith("sqlite")
-        event.listen(twin or engine.sync_engine, "before_cursor_execute", count)
+        event.listen(twin.engine if twin else engine.sync_engine, "before_cursor_execute", count)
         async with sessions() as db:
             claimed = await claim(db, session_id, "k1")
         assert isinstance(claimed, queries.Claimed) and claimed.created

@@ -6,6 +6,7 @@ replacement) works for the next cell."""
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import threading
 import time
@@ -127,6 +128,33 @@ def test_background_processes_die_with_their_cell(session: ReplSession) -> None:
         "print(sorted(n for n in names if n in ('sh', 'sleep')))",
     )
     assert survivors.stdout == "[]\n", f"left behind: {survivors.stdout} (spinner {spinner})"
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="SYS_exit is 60 on x86_64 only")
+def test_a_process_whose_main_thread_exited_is_killed_with_its_cell(session: ReplSession) -> None:
+    # Its main thread gone, the process reads `Z` in /proc while its other thread carries on:
+    # it must not pass for a harmless zombie.
+    started = run(
+        session,
+        "import ctypes, os, threading, time\n"
+        "if os.fork() == 0:\n"
+        "    def tick():\n"
+        "        while True:\n"
+        "            with open('ticks', 'a') as f:\n"
+        "                f.write('x')\n"
+        "            time.sleep(0.01)\n"
+        "    threading.Thread(target=tick).start()\n"
+        "    time.sleep(0.1)\n"
+        "    ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: the main thread only\n"
+        "time.sleep(0.3)\n"
+        "print(os.path.getsize('ticks') > 0)",
+    )
+    assert started.stdout == "True\n", started
+    grew = run(
+        session,
+        "import os, time\na = os.path.getsize('ticks')\ntime.sleep(0.3)\nprint(os.path.getsize('ticks') - a)",
+    )
+    assert grew.stdout == "0\n", f"a leftover kept writing: {grew.stdout}"
 
 
 def test_a_stopped_interpreter_is_noticed_in_seconds(session: ReplSession) -> None:

@@ -223,6 +223,11 @@ class SandboxInterpreter:
         if variables and FACADE_SETUP_VARIABLE in variables:
             # DSPy then runs without sandboxed sub-agents, and its prompt does not offer them.
             raise CodeExecutionError("fleet does not bridge dspy sub-agents into the sandbox")
+        try:  # the REPL may still be starting: wait here, where a stop is still heard after
+            self.session.start()
+        except SandboxCrashed as exc:
+            raise CodeInterpreterError(HOST_PATHS.scrub(str(exc))) from None
+        self.observer.check_stop()
         call_id = self.observer.cell_started(code)
         tools = self.observer.lm_tools(self.tool_table)
         fields = [f["name"] for f in self.output_fields] if self.output_fields else None

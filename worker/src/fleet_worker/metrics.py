@@ -68,9 +68,9 @@ def observe_turn(outcome: str, started: float) -> None:
     TURN_DURATION.labels(outcome=outcome).observe(time.monotonic() - started)
 
 
-def observe_lease_wait(provider: str, asked: float) -> float:
-    """The sandbox arrived; returns now (time.monotonic()), when the lease began."""
-    now = time.monotonic()
+def observe_lease_wait(provider: str, asked: float, granted: float | None = None) -> float:
+    """The sandbox arrived (at `granted`, default now: time.monotonic()); returns when."""
+    now = time.monotonic() if granted is None else granted
     LEASE_WAIT.labels(provider=provider).observe(now - asked)
     return now
 

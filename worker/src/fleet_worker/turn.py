@@ -37,6 +37,7 @@ from fleet_worker.program import ProgramRun, start_program, wait_for_program, wi
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.provider import FileStamp, SandboxLease, SandboxProvider
+from fleet_worker.sandbox_release import release_when_acquired, timed
 from fleet_worker.settlement import commit_failed, commit_with_retry
 from fleet_worker.workspace_io import (
     ARTIFACTS,
@@ -199,11 +200,10 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
     loop = asyncio.get_running_loop()
     asked = time.monotonic()
     # The lease first: a workspace with no warm REPL starts one now, while the history loads.
-    acquiring = loop.run_in_executor(
-        deps.sandbox_ops, deps.sandboxes.acquire, claim.workspace_id, claim.run_id, claim.session_id
-    )
-    leased: list[float] = []  # when it was granted, for the held-time metric
-    cleanup.push_async_callback(release_when_acquired, deps, acquiring, leased)
+    acquire = functools.partial(deps.sandboxes.acquire, claim.workspace_id, claim.run_id, claim.session_id)
+    acquiring = loop.run_in_executor(deps.sandbox_ops, timed, acquire)
+    provider = deps.settings.profile.sandbox.provider
+    cleanup.push_async_callback(release_when_acquired, deps.sandbox_ops, provider, acquiring)
     conversation = await load_conversation(
         deps.sessions,
         claim.session_id,
@@ -219,12 +219,12 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
         )
         turn.sink.emit(Warning(run_id=claim.run_id, code="history_truncated", message=message))
     try:
-        sandbox = await acquiring
+        sandbox, granted = await acquiring
     except SandboxUnavailable as exc:
         raise SandboxFailed(str(exc), code="sandbox_unavailable") from None
     except OSError as exc:  # e.g. a workspace a past Run left unusable; reported scrubbed
         raise SandboxError(f"the sandbox could not start: {exc}") from None
-    leased.append(metrics.observe_lease_wait(deps.settings.profile.sandbox.provider, asked))
+    metrics.observe_lease_wait(provider, asked, granted)
     turn.sandbox = sandbox
     described = await loop.run_in_executor(
         deps.sandbox_ops, stage_attachments, deps.blobs, sandbox, conversation.attachments, turn.sink
@@ -389,19 +389,3 @@ def settle_deadline(deps: WorkerDeps, turn: Turn) -> float:
         start = turn.program.started_at  # the loop's clock is time.monotonic()
     deadline = start + deps.settings.profile.runtime.turn_timeout_seconds
     return max(deadline, time.monotonic() + SETTLE_GRACE_SECONDS)
-
-
-async def release_when_acquired(
-    deps: WorkerDeps, acquiring: asyncio.Future[SandboxLease], leased: list[float]
-) -> None:
-    """Release the Turn's sandbox once its acquire ends (even if prepare() failed before then),
-    and even if the job is being cancelled."""
-    try:
-        sandbox = await asyncio.shield(acquiring)
-    except Exception:
-        return  # nothing was leased (prepare() reported why, or failed first for its own reason)
-    loop = asyncio.get_running_loop()
-    await asyncio.shield(loop.run_in_executor(deps.sandbox_ops, sandbox.release))
-    metrics.observe_lease_held(
-        deps.settings.profile.sandbox.provider, leased[0] if leased else time.monotonic()
-    )

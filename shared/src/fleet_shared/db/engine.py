@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import weakref
-from typing import Any, Literal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Engine, event, text
 from sqlalchemy import create_engine as create_sync_engine
@@ -29,16 +33,35 @@ REVISIONS = (
 )
 HEAD_REVISION = REVISIONS[-1]
 CONNECT_TIMEOUT_SECONDS = 5
+T = TypeVar("T")
 
 
 def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-# A file SQLite engine's synchronous twin (pysqlite, same file, same pragmas), for work that
-# runs whole in one worker thread: through aiosqlite every statement is several hops to its
-# thread and back (a Turn's claim made ~25), through the twin the claim is one hop.
-SQLITE_TWINS: weakref.WeakKeyDictionary[AsyncEngine, Engine] = weakref.WeakKeyDictionary()
+TWIN_THREADS = 4  # SQLite writes one at a time anyway; reads beside them in WAL mode
+
+
+@dataclass(frozen=True)
+class SqliteTwin:
+    """A file SQLite engine's synchronous twin (pysqlite, same file, same pragmas), for work that
+    runs whole in one thread: through aiosqlite every statement is several hops to its thread
+    and back (a Turn's claim made ~25), through the twin the claim is one. Its own threads, so a
+    claim waiting on SQLite's busy timeout never holds one of the loop's default executor's."""
+
+    engine: Engine
+    threads: ThreadPoolExecutor
+
+    async def run(self, work: Callable[[Engine], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.threads, work, self.engine)
+
+    def dispose(self) -> None:
+        self.threads.shutdown(wait=False)
+        self.engine.dispose()
+
+
+SQLITE_TWINS: weakref.WeakKeyDictionary[AsyncEngine, SqliteTwin] = weakref.WeakKeyDictionary()
 
 
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
@@ -51,7 +74,8 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
                 parsed.set(drivername="sqlite+pysqlite"), connect_args={"timeout": 30}, hide_parameters=True
             )
             event.listen(twin, "connect", sqlite_pragmas)
-            SQLITE_TWINS[engine] = twin
+            threads = ThreadPoolExecutor(TWIN_THREADS, thread_name_prefix="fleet-sqlite")
+            SQLITE_TWINS[engine] = SqliteTwin(twin, threads)
         return engine
     # hide_parameters: an error's text never carries row values (an answer, a user's text) into a
     # log line or a failure message. A short connect timeout: an unreachable DB is a quick 503.
@@ -61,7 +85,7 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     )
 
 
-def sqlite_twin(engine: AsyncEngine) -> Engine | None:
+def sqlite_twin(engine: AsyncEngine) -> SqliteTwin | None:
     """The synchronous twin of a file SQLite engine made by create_engine; None otherwise."""
     return SQLITE_TWINS.get(engine)
 

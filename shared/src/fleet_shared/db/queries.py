@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -228,7 +228,7 @@ async def claim_turn(
         raise TypeError("claim_turn needs a session bound to an AsyncEngine")
     twin = sqlite_twin(engine)
     if twin is not None:
-        return await asyncio.to_thread(claim_with, twin, request)
+        return await twin.run(functools.partial(claim_with, request=request))
     async with engine.connect() as connection:
         return await connection.run_sync(claim_on, request)
 

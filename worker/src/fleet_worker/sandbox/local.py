@@ -88,8 +88,6 @@ class LocalSandboxLease:
         self._caps = caps
         self._pool = pool
         self._counted_by = pool  # told at release even when retire() forgoes the warm REPL
-        if pool is not None:
-            pool.lease_out()
         self.files = LocalWorkspaceFiles(workspace, launch.run_as)
         self._sessions: list[ReplSession] = []
         self._released = False
@@ -98,6 +96,8 @@ class LocalSandboxLease:
         self._warm = (
             (pool.take(workspace) or pool.start_early(self.make_session)) if pool is not None else None
         )
+        if pool is not None:  # last: a lease that failed to be made is never counted
+            pool.lease_out()
 
     def interpreter_factory(self) -> ReplSession:
         """A fresh REPL (started lazily by its first execute, or by start())."""

@@ -487,9 +487,10 @@ def signal_child(pid: int, number: int) -> None:
         os.kill(pid, number)
 
 
-def process_state(pid: int) -> str:
+def process_state(pid: int, tid: int | None = None) -> str:
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
+        with open(path, "rb") as stat:
             return stat.read().rsplit(b")", 1)[1].split()[0].decode()
     except (OSError, IndexError):
         return "?"
@@ -509,9 +510,7 @@ def kill_leftovers(keep: int) -> None:
                 pass
         if not others_than(keep):
             return
-        alive = {
-            pid for pid in descendants(os.getpid()) - {keep} if process_state(pid) not in ("Z", "X", "?")
-        }
+        alive = {pid for pid in descendants(os.getpid()) - {keep} if runs(pid)}
         if not alive:
             return
         for pid in alive:
@@ -519,10 +518,23 @@ def kill_leftovers(keep: int) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def runs(pid: int) -> bool:
+    """Whether any thread of the process still runs. A zombie's other threads can: a process
+    whose main thread called exit(2) reads `Z` while the rest of it carries on."""
+    state = process_state(pid)
+    if state not in ("Z", "X"):
+        return state != "?"
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return any(process_state(pid, int(tid)) not in ("Z", "X", "?") for tid in tasks if tid.isdigit())
+
+
 def others_than(keep: int) -> bool:
     """Whether /proc lists a process besides pid 1, this one and `keep`. Only such a process can
-    be a leftover, so the common cell (the jail's pid namespace holds just bwrap's init, the
-    supervisor and the interpreter) costs one directory read instead of a stat of every process."""
+    be a leftover, so the common cell (the jail's pid namespace holds just the supervisor and
+    the interpreter) costs one directory read instead of a stat of every process."""
     try:
         listed = os.listdir("/proc")
     except OSError:

@@ -186,11 +186,13 @@ class ReplSession:
             raise CellCrashed(reason, stdout=stdout, truncated=truncated) from failure
 
     def _params_of(self, name: str, tool: Callable[..., Any]) -> list[str]:
+        # A metered wrapper (functools.wraps) is made per cell; its signature is its tool's.
+        inner = inspect.unwrap(tool)
         known = self._tool_params.get(name)
-        if known is not None and known[0] is tool:
+        if known is not None and known[0] is inner:
             return known[1]
         params = tool_params(tool)
-        self._tool_params[name] = (tool, params)
+        self._tool_params[name] = (inner, params)
         return params
 
     def _checked(self, result: CellResult) -> CellResult:
