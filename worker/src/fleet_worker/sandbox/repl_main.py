@@ -90,10 +90,11 @@ class Channel:
 
     def receive(self) -> dict[str, Any] | None:
         """The next message; None when the other side closed the channel or broke the format."""
-        return self.receive_frame()[0]
+        return self.receive_frame(keep=False)[0]
 
-    def receive_frame(self) -> tuple[dict[str, Any] | None, bytes]:
-        """The next message and its frame as it came (to pass on without encoding it again)."""
+    def receive_frame(self, *, keep: bool = True) -> tuple[dict[str, Any] | None, bytes]:
+        """The next message and (`keep`) its frame as it came, to pass on without encoding it
+        again; a frame not kept is not copied (a tool's result can be large)."""
         header = self.read_exactly(HEADER.size)
         if header is None:
             return None, b""
@@ -107,7 +108,9 @@ class Channel:
             message = json.loads(payload.decode("utf-8"))
         except (ValueError, RecursionError):
             return None, b""
-        return (message, header + payload) if isinstance(message, dict) else (None, b"")
+        if not isinstance(message, dict):
+            return None, b""
+        return message, (header + payload if keep else b"")
 
     def read_exactly(self, size: int) -> bytes | None:
         buffer = bytearray()
