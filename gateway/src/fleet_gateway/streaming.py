@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -87,6 +87,9 @@ class Cursor:
 
     position: Position = START
     controls: int = 0
+    # The stream state as of the last shared frames it took (emit_live); None once anything
+    # else changed the state. Saves building a snapshot per live event.
+    known_state: Snapshot | None = field(default=None, compare=False)
 
     def control(self, chunk: Chunk) -> bytes:
         self.controls += 1
@@ -133,6 +136,7 @@ def emit(events: Iterable[RunEvent], state: StreamState, cursor: Cursor) -> list
     an event resumes at the next chunk. Events before the cursor are projected (the stream's
     state needs them) but not sent."""
     out: list[bytes] = []
+    cursor.known_state = None
     for event in events:
         if event.seq <= state.projected_seq or state.finished:
             continue  # already projected (log and live overlap), or after the terminal
@@ -171,7 +175,7 @@ async def follow_live(
     faults = beats = 0
     read_log = check_db = True  # the DB: a Run may have ended without (more) log, e.g. Redis lost it
     # Subscribe before reading the log: an event published in between is then in one or both.
-    async with deps.fanout.subscribe(run.id) as queue:
+    async with deps.fanout.subscribe(run.id) as inbox:
         while not state.finished:
             out: list[bytes] = []
             if read_log:
@@ -199,13 +203,12 @@ async def follow_live(
             wait = deps.heartbeat_seconds - (now - last_sent)
             if faults:
                 wait = min(wait, reconnect_delay(faults))
-            notices = drain(queue)
+            notices = inbox.take()
             if not notices:
-                try:
-                    # asyncio.timeout, not wait_for: no Task and timer per event per stream.
-                    async with asyncio.timeout(max(0.0, min(wait, deadline - now))):
-                        notices = [await queue.get()]
-                except TimeoutError:
+                wake_at = min(now + wait, deadline)
+                await inbox.wait(wake_at)
+                notices = inbox.take()
+                if not notices:  # the stream's time ran out, not a notice
                     read_log = True  # cheap, and catches anything a lost notice hid
                     if loop.time() - last_sent >= deps.heartbeat_seconds:
                         beats += 1
@@ -214,7 +217,6 @@ async def follow_live(
                         yield cursor.control(heartbeat_chunk(state))
                         last_sent = loop.time()
                     continue
-                notices += drain(queue)
             # Everything queued meanwhile goes out as one write: a busy Run costs one send per
             # wake-up of this stream, not one per event.
             applied = apply_notices(notices, state, cursor)
@@ -289,35 +291,32 @@ def snapshot(state: StreamState) -> Snapshot:
 
 def emit_live(event: RunEvent, state: StreamState, cursor: Cursor) -> bytes:
     """emit() for a stream's next live event, shared by the Run's streams that are caught up."""
-    if cursor.position >= Position(event.seq, 0):  # resumed inside this event: frames of its own
+    if cursor.position.seq >= event.seq:  # resumed inside this event: frames of its own
         return b"".join(emit([event], state, cursor))
-    before = snapshot(state)
+    before = cursor.known_state or snapshot(state)
     shared = SHARED_FRAMES.get(id(event))
     if shared is not None and shared.event is event and shared.before == before:
         after = shared.after
-        state.phase, state.step_open, state.finished = after.phase, after.step_open, after.finished
-        state.open_tools = set(after.open_tools)
+        if after is not before:
+            state.phase, state.step_open, state.finished = after.phase, after.step_open, after.finished
+            if state.open_tools != after.open_tools:
+                state.open_tools = set(after.open_tools)
         state.projected_seq = max(state.projected_seq, event.seq)
         if shared.position is not None:
             cursor.position, cursor.controls = shared.position, 0
+        cursor.known_state = after
         return shared.data
     frames = emit([event], state, cursor)
     data = b"".join(frames)
     position = cursor.position if frames else None
-    SHARED_FRAMES[id(event)] = SharedFrames(event, before, snapshot(state), data, position)
+    after = snapshot(state)
+    if after == before:
+        after = before  # the same object: the next stream to take these frames skips the copy
+    SHARED_FRAMES[id(event)] = SharedFrames(event, before, after, data, position)
+    cursor.known_state = after
     if len(SHARED_FRAMES) > SHARED_FRAMES_KEPT:
         del SHARED_FRAMES[next(iter(SHARED_FRAMES))]
     return data
-
-
-def drain(queue: asyncio.Queue[Notice]) -> list[Notice]:
-    """What is queued now, without waiting."""
-    items: list[Notice] = []
-    while True:
-        try:
-            items.append(queue.get_nowait())
-        except asyncio.QueueEmpty:
-            return items
 
 
 def reconnect_delay(faults: int) -> float:
