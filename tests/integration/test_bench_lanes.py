@@ -93,6 +93,8 @@ def test_the_fanout_lane_measures_streams_raw_pubsub_and_the_relay() -> None:
     assert level["sse"]["n"] > 0 and level["raw"]["n"] == 5
     assert level["ratio_p99"] > 0 and level["rss_mb_held"] > 0
     assert level["serial_fanout_ms"] == pytest.approx(level["cpu_us_per_delivery"] * 5 / 1000, rel=0.01)
+    assert level["write_floor_us"] > 0  # the same run's bare loopback send, beside the gateway's
+    assert "vs" in next(g for g in body["goals"] if g["goal"] == "cpu_per_delivery")["note"]
     (relayed,) = body["figures"]["relay_levels"]  # the FastAPI + sse-starlette baseline
     assert relayed["server"] == "relay"
     assert relayed["held"] == 5 and relayed["delivered"] == 25 and relayed["completed"] == 5
