@@ -197,7 +197,7 @@ def outcome_of(context: ClaimContext, fingerprint: str) -> Claimed | ClaimRefuse
 
 
 async def claim_turn(
-    db: AsyncSession,
+    bind: AsyncEngine | AsyncSession,
     *,
     session_id: str,
     idempotency_key: str,
@@ -212,20 +212,23 @@ async def claim_turn(
     the worker stages and loads them from there).
 
     A claim sits between a POST and its first byte, so it is one read, two plain INSERTs and the
-    commit, on a connection of its own: on SQLite in one hop to a thread (the engine's pysqlite
-    twin), on PostgreSQL a round trip per statement. The Run returned is built from the inserted
-    values, outside the ORM."""
+    commit, on a connection of its own and with no ORM session: on SQLite in one hop to a thread
+    (the engine's pysqlite twin), on PostgreSQL a round trip per statement. The Run returned is
+    built from the inserted values, outside the ORM. Given a session, it commits the session's
+    own lookups first (which frees their connection) and claims on its engine."""
+    if isinstance(bind, AsyncSession):
+        if bind.in_transaction():
+            await bind.commit()
+        bind = bind.bind  # type: ignore[assignment]
+    if not isinstance(bind, AsyncEngine):
+        raise TypeError("claim_turn needs an AsyncEngine, or a session bound to one")
+    engine = bind
     parts = [
         {"type": "text", "text": text},
         *(attachment_part(a.id, a.filename, a.byte_size) for a in attachments),
         *(selected_skill_part(skill) for skill in skills),
     ]
     request = ClaimRequest(session_id, idempotency_key, fingerprint, model, parts)
-    if db.in_transaction():  # the caller's lookups: end them (and free their connection) first
-        await db.commit()
-    engine = db.bind
-    if not isinstance(engine, AsyncEngine):
-        raise TypeError("claim_turn needs a session bound to an AsyncEngine")
     twin = sqlite_twin(engine)
     if twin is not None:
         return await twin.run(functools.partial(claim_with, request=request))
