@@ -144,3 +144,13 @@ def test_the_report_renders_the_latest_receipts(receipts_in_tmp: Path) -> None:
     _, written = report.write_report(receipts_in_tmp)
     png = receipts_in_tmp / "report.png"
     assert png in written and png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_fanout_notes_set_the_2000_stream_goal_against_the_write_floor() -> None:
+    level = {"streams": 2000, "serial_fanout_ms": 22.6, "cpu_us_per_delivery": 11.3,
+             "raw": {"n": 50, "p99_ms": 4.0}, "write_floor_us": 7.5}  # fmt: skip
+    notes = fanout.serial_note({2000: level})
+    assert "under 3.0 µs per delivery" in notes[0]  # 1.5 x 4 ms over 2,000 deliveries
+    assert "takes 15.0 ms, against the 6.0 ms" in notes[1]  # 7.5 µs x 2,000
+    assert fanout.floor_note([level]).endswith("2000: 11.3 vs 7.5")
+    assert fanout.serial_note({2000: {**level, "write_floor_us": None}})[1:] == []
