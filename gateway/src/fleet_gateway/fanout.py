@@ -19,6 +19,7 @@ log = structlog.get_logger(__name__)
 
 MIN_RETRY_SECONDS = 0.2
 MAX_RETRY_SECONDS = 5.0
+ALARM_SLACK_SECONDS = 0.001
 RESYNC = None  # queued to every subscriber after a reconnect: "re-read the log, you may have a gap"
 
 
@@ -53,10 +54,11 @@ class Inbox:
         self.wake()
 
     def take(self) -> list[Notice]:
-        """What is queued now, without waiting."""
+        """What is queued now, without waiting (a list of the caller's own)."""
         items = self.items
-        if items:
-            self.items = []
+        if not items:
+            return []
+        self.items = []
         return items
 
     async def wait(self, until: float) -> None:
@@ -66,7 +68,10 @@ class Inbox:
             if self.alarm is None or self.alarm_at > until:
                 if self.alarm is not None:
                     self.alarm.cancel()
-                self.alarm, self.alarm_at = loop.call_at(until, self.ring), until
+                # A millisecond late on purpose: uvloop keeps time in whole milliseconds and may
+                # ring a little before `until`; re-armed for the sub-millisecond rest, it would
+                # spin (a call_soon per turn of the loop) until its clock ticks over.
+                self.alarm, self.alarm_at = loop.call_at(until + ALARM_SLACK_SECONDS, self.ring), until
             self.waiter = loop.create_future()
             try:
                 await self.waiter

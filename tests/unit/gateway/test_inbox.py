@@ -5,6 +5,7 @@ not much after (a later alarm is replaced by one for the earlier deadline)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fleet_gateway.fanout import CLOSING, RESYNC, Inbox
 from fleet_shared.events import StatusChanged
@@ -23,8 +24,9 @@ async def test_a_sleeping_stream_wakes_on_a_notice_and_takes_everything_queued()
     inbox.put(second)
     await asyncio.wait_for(waiting, 5)  # woken by the notice, long before its deadline
     assert inbox.take() == [first, second]
-    assert inbox.take() == []
+    nothing = inbox.take()
     inbox.put(RESYNC)
+    assert nothing == []  # the caller's own list: a later notice does not appear in it
     inbox.put(CLOSING)
     await asyncio.wait_for(inbox.wait(loop.time() + 30), 5)  # already queued: no sleep at all
     assert inbox.take() == [RESYNC, CLOSING]
@@ -64,3 +66,34 @@ async def test_a_cancelled_wait_leaves_the_inbox_usable() -> None:
     assert inbox.take() == [RESYNC]
     inbox.close()
     assert inbox.alarm is None
+
+
+def test_a_quiet_wait_arms_its_alarm_once_under_uvloop() -> None:
+    """uvloop rounds timers to whole milliseconds and may ring just before the deadline; a wait
+    that re-armed for the sub-millisecond rest spun (call_soon after call_soon) until the clock
+    ticked over: up to hundreds of arms per quiet wait."""
+    import uvloop
+
+    arms: list[int] = []
+
+    async def waits() -> None:
+        loop = asyncio.get_running_loop()
+        real_call_at = loop.call_at
+
+        def counting_call_at(when: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+            arms[-1] += 1
+            return real_call_at(when, callback, *args)
+
+        loop.call_at = counting_call_at  # type: ignore[method-assign]
+        inbox = Inbox(loop)
+        for index in range(24):
+            last_sent = loop.time()  # as follow_live: the deadline is a heartbeat after a send
+            await asyncio.sleep(0.0007 * index)
+            arms.append(0)
+            until = last_sent + 0.03
+            await inbox.wait(until)
+            assert loop.time() >= until
+        inbox.close()
+
+    uvloop.run(waits())
+    assert max(arms) == 1, f"alarms armed per wait: {arms}"
