@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -543,24 +543,59 @@ def header(raw: bytes, name: str) -> str | None:
     return None
 
 
+def run_turns_for(st: Stack, parallel: int, seconds: float) -> list[StreamResult]:
+    """A closed loop: `parallel` clients post Turns back to back and start none after `seconds`;
+    every slot stays busy until then."""
+    stop_at = time.perf_counter() + seconds
+    return run_clients(st, parallel, lambda: time.perf_counter() < stop_at)
+
+
+def turns_per_second(results: list[StreamResult], start: float, end: float) -> float:
+    """Turns done per second inside [start, end] (perf_counter times), each Turn counted by the
+    share of its duration that falls inside: no rounding to whole Turns, and no ramp-down, where
+    fewer than all clients still have a Turn in flight."""
+    done = 0.0
+    for result in results:
+        begin, finish = result.started, result.started + result.end_s
+        overlap = min(finish, end) - max(begin, start)
+        if overlap > 0:
+            done += overlap / max(finish - begin, 1e-9)
+    return done / (end - start)
+
+
 def run_turns(st: Stack, total: int, parallel: int, on_done: Any = None) -> list[StreamResult]:
-    """`total` Turns from `parallel` clients, each with its own session (one Turn at a time in a
-    session). `on_done(count)` is called after each Turn, from the client threads."""
+    """`total` Turns from `parallel` clients. `on_done(count)` is called after each Turn, from the
+    client threads."""
+    import threading
+
+    lock = threading.Lock()
+    claimed = [0]
+
+    def more() -> bool:
+        with lock:
+            if claimed[0] >= total:
+                return False
+            claimed[0] += 1
+            return True
+
+    return run_clients(st, parallel, more, on_done)
+
+
+def run_clients(
+    st: Stack, parallel: int, more: Callable[[], bool], on_done: Any = None
+) -> list[StreamResult]:
+    """`parallel` client threads, each with its own session (one Turn at a time in a session),
+    posting Turns back to back while `more()` says so."""
     import threading
 
     results: list[StreamResult] = []
     lock = threading.Lock()
-    claimed = [0]
     errors: list[BaseException] = []
 
     def client() -> None:
         try:
             session = new_session(st.url)
-            while True:
-                with lock:
-                    if claimed[0] >= total:
-                        return
-                    claimed[0] += 1
+            while more():
                 result = post_turn(st.port, session)
                 with lock:
                     results.append(result)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench import fanout, harness, live, recovery, report, sandbox, scale, soak, turn
+from bench import fanout, harness, live, recovery, report, sandbox, scale, soak, stack, turn
 
 
 @pytest.fixture(autouse=True)
@@ -154,3 +154,14 @@ def test_the_fanout_notes_set_the_2000_stream_goal_against_the_write_floor() -> 
     assert "takes 15.0 ms, against the 6.0 ms" in notes[1]  # 7.5 µs x 2,000
     assert fanout.floor_note([level]).endswith("2000: 11.3 vs 7.5")
     assert fanout.serial_note({2000: {**level, "write_floor_us": None}})[1:] == []
+
+
+def test_throughput_counts_each_turn_by_its_share_of_the_window() -> None:
+    def turn(start: float, seconds: float) -> Any:
+        return stack.StreamResult(200, "run", start, 0.0, None, seconds, True, b"")
+
+    # One client, Turns of 1 s back to back from t=0: one Turn per second, whatever the window.
+    chain = [turn(float(t), 1.0) for t in range(10)]
+    assert stack.turns_per_second(chain, 1.5, 4.0) == pytest.approx(1.0)
+    # Turns partly inside the window count by their share: half of each here, over 2 s.
+    assert stack.turns_per_second([turn(0.0, 2.0), turn(0.0, 4.0)], 1.0, 3.0) == pytest.approx(0.5)
