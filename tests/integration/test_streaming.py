@@ -165,6 +165,46 @@ async def test_heartbeats_fill_silence(deps: StreamDeps, redis_client: aioredis.
     assert chunks(rest)[-1]["type"] == "finish"
 
 
+async def test_a_busy_stream_heartbeats_a_period_after_its_last_frame(
+    deps: StreamDeps, redis_client: aioredis.Redis
+) -> None:
+    """The stream's alarm is kept across wake-ups: armed for a heartbeat after the stream opened,
+    it rings early once frames went out since; the stream must then sleep on, and beat a
+    heartbeat period after its last frame."""
+    run_id = new_id()
+    events = body(run_id)
+    loop = asyncio.get_running_loop()
+    received: list[tuple[float, bytes]] = []
+    arrived = asyncio.Condition()
+
+    async def read() -> None:
+        async for data in stream_run(deps, run_view(run_id), delivery="live"):
+            async with arrived:
+                received.append((loop.time(), data))
+                arrived.notify_all()
+
+    async def writes(count: int) -> None:
+        async with arrived:
+            await arrived.wait_for(lambda: len(received) >= count)
+
+    reader = asyncio.create_task(read())
+    async with asyncio.timeout(10):
+        await writes(1)
+        await asyncio.sleep(deps.heartbeat_seconds * 0.6)  # the stream sleeps, its alarm armed
+        await log_event(redis_client, events[0])
+        await writes(3)  # start, the event's frames, then a heartbeat
+    (sent, frames), (beat_at, beat) = received[1], received[2]
+    assert chunks([frames])[0]["type"] == "data-status" and "heartbeat" not in frames.decode()
+    assert chunks([beat]) == [
+        {"type": "data-status", "data": {"phase": "execution", "status": "heartbeat"}, "transient": True}
+    ]
+    assert beat_at - sent >= deps.heartbeat_seconds * 0.9  # not when the first alarm rang
+    for event in events[1:]:
+        await log_event(redis_client, event)
+    await asyncio.wait_for(reader, 10)
+    assert chunks([data for _, data in received])[-1]["type"] == "finish"
+
+
 async def test_many_streams_share_one_pubsub_connection(
     deps: StreamDeps, redis_client: aioredis.Redis
 ) -> None:
