@@ -10,15 +10,18 @@ import contextlib
 import inspect
 import io
 import json
+import logging
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import dspy
 import pytest
+from dspy.primitives import facade
 
 from fleet_shared.config import ResolvedLM, Secret
 from fleet_shared.events import (
@@ -563,6 +566,22 @@ def test_fleet_rlm_shares_its_signatures_and_prompts_what_dspy_would() -> None:
         other.generate_action.signature,
         dspy.RLM(dspy_adapter.TurnSignature, max_llm_calls=9).generate_action.signature,
     )
+
+
+def test_a_turn_sets_up_no_dspy_facade_and_logs_no_warning_about_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # fleet's REPL hosts no dspy sub-agents. dspy would try to install its facade each Turn, be
+    # refused, and log a warning: FleetRLM skips the attempt with the same outcome.
+    harness = Harness(tmp_path, *KEYWORD_SCRIPT)
+    with caplog.at_level(logging.WARNING, logger="dspy"):
+        assert harness.run().answer == "Hello there, friend! (3 words)"
+    assert not [r for r in caplog.records if "sub-agents" in r.getMessage()]
+    repl = SimpleNamespace(tools={"CONSTRUCT": 1, "llm_query": 2})
+    repl.tools.update({facade.CONSTRUCT_TOOL: 3, facade.CALL_TOOL: 4})
+    rlm = FleetRLM(dspy_adapter.TurnSignature, max_iters=3, max_llm_calls=5)
+    assert rlm._setup_facade(repl, None, lambda: None) == ""  # what dspy returns when refused
+    assert set(repl.tools) == {"CONSTRUCT", "llm_query"}
 
 
 def test_run_program_script_exhausted(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ worker CPU. Signature classes are never changed once built (dspy derives new one
 RLM of the same shape can share them; the module instance, its predictors and its state stay
 per Turn.
 
-This leans on two private methods of `dspy.RLM` (`_build_signatures` and
-`_action_signature_for_current_factory`) and the attributes the first one sets;
+This leans on three private methods of `dspy.RLM` (`_build_signatures`,
+`_action_signature_for_current_factory` and `_setup_facade`) and the attributes the first sets;
 `tests/unit/worker/test_dspy_contract.py` pins them, so a dspy upgrade that moves them fails
 there first.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 import dspy
 from dspy.primitives.code_interpreter import resolve_interpreter_factory
+from dspy.primitives.facade import CALL_TOOL, CONSTRUCT_TOOL
 
 MAX_SHAPES = 64  # distinct (signature, budget, tools, runtime) shapes kept; a worker uses a few
 INITIAL_ATTRIBUTES = (
@@ -70,3 +71,13 @@ class FleetRLM(dspy.RLM):  # type: ignore[misc]  # dspy ships no type informatio
                 _derived, key, super()._action_signature_for_current_factory(factory, sub_agent_rules)
             )
         return derived
+
+    def _setup_facade(self, repl: Any, budget: Any, interpreter_factory: Callable[[], Any]) -> str:
+        """No dspy sub-agents in fleet's REPL: no facade, and no sub-agent guidance in the prompt.
+
+        dspy would try to install its facade, have the interpreter refuse it (SandboxInterpreter
+        does, for a plain dspy.RLM), drop the facade's two tools and log a warning: one warning
+        per Turn, for a fact of the deployment."""
+        for name in (CONSTRUCT_TOOL, CALL_TOOL):
+            repl.tools.pop(name, None)
+        return ""
