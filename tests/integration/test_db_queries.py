@@ -92,6 +92,39 @@ async def test_a_claim_is_one_read_two_inserts_and_the_commit(database_url: str)
         await dispose_engine(engine)
 
 
+async def test_a_claims_read_finds_the_active_run_through_its_index_not_the_sessions_runs(
+    sqlite_url: str,
+) -> None:
+    """The read looks up the keyed Run and the active Run by index: with the active statuses as
+    bound parameters SQLite could not use the partial index and read every Run of the session,
+    a cost that grew with the session's length (0.36 ms at 3,000 Runs)."""
+    engine = create_engine(sqlite_url)
+    reads: list[tuple[str, object]] = []
+
+    def keep(_conn: object, _cursor: object, statement: str, parameters: object, *_args: object) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            reads.append((statement, parameters))
+
+    try:
+        sessions = session_factory(engine)
+        async with sessions() as db:
+            session_id = (await queries.create_session(db, "t")).id
+        twin = sqlite_twin(engine)
+        assert twin is not None
+        event.listen(twin.engine, "before_cursor_execute", keep)
+        async with sessions() as db:
+            assert isinstance(await claim(db, session_id, "k1"), queries.Claimed)
+        ((statement, parameters),) = reads
+        with twin.engine.connect() as connection:
+            plan = [
+                row[3] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)
+            ]
+        assert any("uq_runs_one_active_per_session" in step for step in plan), plan
+        assert not any("ix_runs_session_id" in step or step.startswith("SCAN runs") for step in plan), plan
+    finally:
+        await dispose_engine(engine)
+
+
 async def test_claims_in_unknown_and_archived_sessions_are_refused(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:

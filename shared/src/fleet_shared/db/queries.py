@@ -9,18 +9,18 @@ from datetime import UTC, datetime
 from typing import Literal, cast
 
 import msgspec
-from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func, insert, or_, select
+from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func, insert, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from fleet_shared.db.engine import sqlite_twin
-from fleet_shared.db.models import Attachment, Run, RunEventRow, Session, Skill, Turn, Workspace
+from fleet_shared.db.models import ACTIVE_SQL, Attachment, Run, RunEventRow, Session, Skill, Turn, Workspace
 from fleet_shared.events import (
     RunEvent,
     decode_event,
 )
 from fleet_shared.ids import new_id
-from fleet_shared.run_state import ACTIVE_STATUSES, RunStatus
+from fleet_shared.run_state import RunStatus
 from fleet_shared.skills import selected_skill_part
 from fleet_shared.transcript import attachment_part
 
@@ -105,7 +105,10 @@ class ClaimRefused(msgspec.Struct, frozen=True):
     run_id: str | None = None
 
 
-ACTIVE_VALUES = tuple(s.value for s in ACTIVE_STATUSES)
+# In the partial index's own words, with literal values: SQLite uses uq_runs_one_active_per_session
+# only for a condition it can see implies the index's. With bound parameters it read every Run of
+# the session instead (0.36 ms per claim at 3,000 Runs, against 0.009 ms).
+RUN_IS_ACTIVE = text(f"runs.{ACTIVE_SQL}")
 RUNS = cast(Table, Run.__table__)
 TURNS = cast(Table, Turn.__table__)
 
@@ -134,7 +137,7 @@ CLAIM_CONTEXT = (
         RUNS,
         and_(
             RUNS.c.session_id == SESSIONS.c.id,
-            or_(RUNS.c.idempotency_key == bindparam("key"), RUNS.c.status.in_(ACTIVE_VALUES)),
+            or_(RUNS.c.idempotency_key == bindparam("key"), RUN_IS_ACTIVE),
         ),
     )
     .where(SESSIONS.c.id == bindparam("session_id"))
