@@ -3,6 +3,9 @@ real cgroups (skipped where the worker cannot create them: not root, or a read-o
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -43,5 +46,71 @@ def test_every_process_of_a_repl_is_in_each_of_its_cgroups(traversable_dir: Path
         session.interrupt()
         cell.join(20)
     finally:
+        lease.release()
+        provider.close()
+
+
+SPIN_FOR_8_SECONDS = "import time\nend = time.monotonic() + 8\nwhile time.monotonic() < end: pass"
+
+
+def cpu_seconds(pids: set[int]) -> float:
+    """utime + stime of these processes, in seconds (the ones that exited count zero)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_spinning_sandbox_yields_the_cpu_to_a_control_plane_process(traversable_dir: Path) -> None:
+    """Sandbox code and a host process (standing for the worker or the gateway) both spin on one
+    CPU: the host process gets most of it, because the sandboxes' base group weighs an eighth of
+    a process. Measured as a ratio of CPU time over the same window, so other load on the machine
+    weighs on both alike. Equal weights (the default) give a ratio near 1."""
+    cfg = LocalSandboxConfig(pool_size=0, cell_timeout_seconds=30.0, cpus=2.0)  # no quota in the way
+    probe = Cgroups.detect(Limits(memory_bytes=cfg.memory_mb * 2**20, pids=cfg.max_processes, cpus=cfg.cpus))
+    if not probe.bases:
+        pytest.skip(f"no cgroups here: {probe.reason}")
+    cpu = min(os.sched_getaffinity(0))
+    provider = LocalSandboxProvider(cfg, caps=Caps(), workspaces=traversable_dir)
+    lease = provider.acquire("ws", "run-cpu-weight")
+    spinner = None
+    try:
+        session = lease.interpreter_factory()
+        session.start()
+        repl = session._repl
+        assert repl is not None
+        for pid in descendants(repl.proc.pid) | {repl.proc.pid}:
+            os.sched_setaffinity(pid, {cpu})  # the cell's processes inherit it
+        failures: list[BaseException] = []
+
+        def run_cell() -> None:
+            try:
+                session.execute(SPIN_FOR_8_SECONDS, {}, {}, None)
+            except BaseException as exc:
+                failures.append(exc)
+
+        cell = threading.Thread(target=run_cell)
+        cell.start()
+        pinned = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\n{SPIN_FOR_8_SECONDS}"
+        spinner = subprocess.Popen([sys.executable, "-c", pinned])
+        time.sleep(1.0)  # both are spinning
+        sandbox_pids = descendants(repl.proc.pid)
+        host_before, sandbox_before = cpu_seconds({spinner.pid}), cpu_seconds(sandbox_pids)
+        time.sleep(2.0)
+        host = cpu_seconds({spinner.pid}) - host_before
+        sandboxed = cpu_seconds(sandbox_pids) - sandbox_before
+        assert not failures, failures
+        assert host > 0.5, f"the host process barely ran ({host:.2f} s): the window is not contended"
+        assert host > 3 * sandboxed, f"host {host:.2f} s against sandbox {sandboxed:.2f} s of CPU"
+        session.interrupt()
+        cell.join(20)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
         lease.release()
         provider.close()

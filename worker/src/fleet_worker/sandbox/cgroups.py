@@ -5,6 +5,10 @@ are limited for the whole sandbox, not per process.
   unified hierarchy, with the controllers delegated to the worker's cgroup) are supported.
 - Sandbox cgroups live under the worker's own cgroup (`<own>/fleet-sandboxes/repl-<id>`), so a
   container's or a pod's limits still cover them.
+- The sandboxes' base group weighs an eighth of one control-plane process in the CPU scheduler
+  (SANDBOX_CPU_SHARES): when the CPUs are contended, the worker and a gateway beside it run
+  first, so a REPL starting or a cell spinning never delays a POST's first byte or an SSE frame.
+  The weight is relative and work-conserving: an idle host still gives sandboxes every cycle.
 - Anywhere else (a non-root worker, a read-only cgroupfs) the mode is `none`: each process keeps
   its rlimits only, and the worker says so at startup and in /ready.
 """
@@ -27,6 +31,10 @@ CONTROLLERS = ("memory", "pids", "cpu")
 GROUP = "fleet-sandboxes"
 LEAF = "fleet-worker"  # cgroup v2: where a worker moves its own processes
 CPU_PERIOD_US = 100_000
+# The base group's CPU weight: v1 cpu.shares (a process's default is 1024) and v2 cpu.weight
+# (default 100), an eighth of a control-plane process's.
+SANDBOX_CPU_SHARES = 128
+SANDBOX_CPU_WEIGHT = 12
 
 
 @dataclass(frozen=True)
@@ -262,6 +270,7 @@ def find_v1(own: dict[str, Path]) -> tuple[tuple[Path, ...], int] | None:
             return None
         base.mkdir(exist_ok=True)
         bases.append(base)
+    write(bases[CONTROLLERS.index("cpu")] / "cpu.shares", SANDBOX_CPU_SHARES)
     return tuple(bases), 1
 
 
@@ -281,6 +290,7 @@ def find_v2(own: Path) -> tuple[tuple[Path, ...], int] | None:
     base = own / GROUP
     base.mkdir(exist_ok=True)
     write(base / "cgroup.subtree_control", enable)
+    write(base / "cpu.weight", SANDBOX_CPU_WEIGHT)
     return (base,), 2
 
 
