@@ -106,8 +106,8 @@ def three_step_script(delay_s: float = 0.0) -> str:
 # --- processes ----------------------------------------------------------------------------------
 
 
-def fleet(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fleet_cli", *args]
+def fleet(*args: str, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "fleet_cli", *args]
 
 
 def stop_group(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
@@ -137,6 +137,7 @@ class Stack:
     url: str = ""
     env: dict[str, str] = field(default_factory=dict)
     config_text: str | None = None  # a whole fleet.toml instead of the scripted one (lane `live`)
+    python: str = sys.executable  # whose fleet runs: another checkout's venv for `bench.ab`
 
     def __post_init__(self) -> None:
         self.root.chmod(0o711)  # the sandbox's uid must be able to reach the workspaces
@@ -200,13 +201,15 @@ class Stack:
         self.redis_url = self.env["FLEET_REDIS_URL"]
 
     def migrate(self) -> None:
-        subprocess.run(fleet("db", "upgrade"), env=self.env, cwd=self.root, check=True, capture_output=True)
+        upgrade = fleet("db", "upgrade", python=self.python)
+        subprocess.run(upgrade, env=self.env, cwd=self.root, check=True, capture_output=True)
 
     def spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
         log = open(self.root / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
         try:
             return subprocess.Popen(
-                fleet(*argv), env=self.env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
+                fleet(*argv, python=self.python), env=self.env, cwd=self.root, stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
         finally:

@@ -21,7 +21,7 @@ from fleet_shared.db import queries
 from fleet_shared.db.models import Attachment, Skill
 from fleet_shared.event_log import Appended, RunLog, lease_token
 from fleet_shared.events import RunEvent
-from fleet_shared.queue import RUN_TURN, deserialize_job, serialize_job
+from fleet_shared.queue import deserialize_job, enqueue_run, serialize_job
 from fleet_shared.recovery import Sweeper
 from fleet_worker.app import build_worker
 
@@ -67,9 +67,7 @@ class Harness:
         assert isinstance(claimed, queries.Claimed)
         if not enqueue:
             return claimed.run.id
-        arq = self.arq()
-        await arq.enqueue_job(RUN_TURN, claimed.run.id, _job_id=claimed.run.id)
-        await arq.aclose()
+        assert await enqueue_run(self.redis, self.settings.profile.worker.queue_name, claimed.run.id)
         return claimed.run.id
 
     def arq(self) -> ArqRedis:
@@ -92,18 +90,13 @@ class Harness:
 
     def sweeper(self) -> Sweeper:
         """A sweeper as workers and gateways run it (without the wait after a Redis restart)."""
-        arq = self.arq()
-
-        async def enqueue(run_id: str) -> object:
-            return await arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)
-
         return Sweeper(
             sessions=self.sessions,
             redis=self.redis,
             runlog=RunLog(self.redis),
             lease_seconds=self.settings.profile.worker.lease_seconds,
             owner="test-sweeper",
-            enqueue=enqueue,
+            queue_name=self.settings.profile.worker.queue_name,
             restart_grace=0,
         )
 

@@ -3,13 +3,14 @@ never their figures: goals are reported by the lanes, not asserted here."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import fanout, harness, live, recovery, report, sandbox, scale, soak, stack, turn
+from bench import ab, fanout, harness, live, recovery, report, sandbox, scale, soak, stack, turn
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +83,35 @@ def test_the_turn_lane_measures_fleet_and_the_in_process_floor() -> None:
     timing = body["figures"]["first_byte_server_timing"]
     assert timing["claim"]["n"] == timing["enqueue"]["n"] == 4 and timing["claim"]["p50_ms"] > 0
     assert body["figures"]["aiosqlite_hop"]["p50_ms"] > 0
+
+
+def test_the_ab_comparison_runs_two_checkouts_side_by_side() -> None:
+    """This checkout against itself (its own .venv as the other one): both stacks run Turns."""
+    body = ab.run(harness.REPO, repeats=2, warmup=1)
+    assert_receipt(body, "ab")
+    for kind in ab.KINDS:
+        assert_both_sides(body["figures"][f"first_byte_{kind}"])
+        assert_both_sides(body["figures"][f"end_to_end_{kind}"])
+    timing = body["figures"]["server_timing"]
+    assert timing["this.claim"]["n"] == timing["base.claim"]["n"] == 4
+    assert body["figures"]["base_sha"] == body["git"]["sha"]
+
+
+def test_the_ab_order_never_posts_one_sides_kind_twice_in_a_row() -> None:
+    """Back to back in one session, a Turn finds its REPL still starting: that side would look
+    slower for the order's sake alone."""
+    sequence = [step for index in range(6) for step in ab.paired_order(index)]
+    assert all(before != after for before, after in itertools.pairwise(sequence))
+    for index in range(6):
+        assert sorted(ab.paired_order(index)) == sorted(
+            (side, kind) for side in ("this", "base") for kind in ab.KINDS
+        )
+    assert ab.paired_order(0)[0][0] != ab.paired_order(1)[0][0]  # who goes first alternates
+
+
+def test_the_ab_comparison_needs_the_other_checkouts_venv(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="uv sync"):
+        ab.run(tmp_path, repeats=1, warmup=0)
 
 
 def test_the_fanout_lane_measures_streams_raw_pubsub_and_the_relay() -> None:

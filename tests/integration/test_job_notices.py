@@ -19,7 +19,7 @@ from litestar.testing import TestClient
 from fleet_gateway.app import create_app
 from fleet_shared.db import queries
 from fleet_shared.events import RunCompleted
-from fleet_shared.queue import RUN_TURN, announce_queued
+from fleet_shared.queue import RUN_TURN, enqueue_run
 from fleet_worker.app import build_worker
 from tests.conftest import migrate
 from tests.integration.harness import Harness
@@ -87,11 +87,14 @@ async def until(check: Callable[[], Any], within: float) -> float:
 
 
 async def enqueue(harness: Harness, run_id: str, *, announce: bool) -> None:
+    """Announced: fleet's own enqueue (the job and its notice in one script). Not announced:
+    arq's enqueue_job, which tells no one."""
+    if announce:
+        assert await enqueue_run(harness.redis, harness.settings.profile.worker.queue_name, run_id)
+        return
     arq = harness.arq()
     try:
         assert await arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id) is not None
-        if announce:
-            await announce_queued(arq, harness.settings.profile.worker.queue_name)
     finally:
         await arq.aclose()
 

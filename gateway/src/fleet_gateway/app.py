@@ -175,7 +175,7 @@ def make_sweeper(state: GatewayState) -> Sweeper:
         runlog=state.runlog,
         lease_seconds=state.settings.profile.worker.lease_seconds,
         owner=f"gateway:{state.process_id}",
-        enqueue=state.enqueue,
+        queue_name=state.settings.profile.worker.queue_name,
     )
 
 

@@ -15,7 +15,7 @@ from fleet_gateway.streaming import StreamDeps
 from fleet_shared.blobs import BlobStore
 from fleet_shared.config import Settings
 from fleet_shared.event_log import RunLog
-from fleet_shared.queue import RUN_TURN, announce_queued
+from fleet_shared.queue import announce_queued, enqueue_run
 
 
 @dataclass
@@ -53,13 +53,15 @@ class GatewayState:
             max_seconds=profile.gateway.stream_max_seconds,
         )
 
-    async def enqueue(self, run_id: str) -> object:
-        """Queue the Run's job (job id = run id); None when that job is already queued. Workers
-        are told at once, after this returns: the notice never delays a POST's first byte."""
+    async def enqueue(self, run_id: str) -> bool:
+        """Queue the Run's job (job id = run id) in one round trip; False when that job is already
+        queued. Workers are told by a task of its own, after the POST's response has started: a
+        worker woken in the same round trip started the Turn on the same cores while the gateway
+        was still answering, and the first byte came later (bench/evidence/enqueue-one-trip)."""
         queue = self.settings.profile.worker.queue_name
-        job = await self.arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)
-        if job is not None:
+        queued = await enqueue_run(self.arq, queue, run_id, announce=False)
+        if queued:
             notice = asyncio.create_task(announce_queued(self.arq, queue))
             self.notices.add(notice)  # a reference until it is done: the loop keeps only weak ones
             notice.add_done_callback(self.notices.discard)
-        return job
+        return queued

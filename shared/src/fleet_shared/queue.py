@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 import msgspec
@@ -35,6 +36,46 @@ def deserialize_job(data: bytes) -> dict[str, Any]:
     return decoded
 
 
+# arq's own key prefixes (arq.constants), named here so the shared sweep can tell a queued job from
+# a lost one without importing arq; tests/unit/shared/test_queue.py checks they still match.
+ARQ_JOB_PREFIX = "arq:job:"
+ARQ_IN_PROGRESS_PREFIX = "arq:in-progress:"
+ARQ_RESULT_PREFIX = "arq:result:"
+
+
+# arq's enqueue_job takes three round trips (WATCH the job's key, EXISTS, then MULTI/PSETEX/ZADD/
+# EXEC). This script makes the same check and the same two writes in one, atomically, and
+# publishes the notice with them unless told not to (an empty channel). KEYS: the job, its
+# result, the queue; ARGV: expiry (ms), job, score (ms), job id, the notice's channel or "".
+ENQUEUE_SCRIPT = """
+if redis.call('EXISTS', KEYS[1], KEYS[2]) ~= 0 then return 0 end
+redis.call('PSETEX', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], '1') end
+return 1
+"""
+ARQ_EXPIRES_EXTRA_MS = 86_400_000  # arq's default: a job not started within a day expires
+
+
+def run_turn_job(run_id: str, enqueued_ms: int) -> bytes:
+    """The job arq's enqueue_job would write for `run_turn(run_id)` (arq.jobs.serialize_job's
+    fields, fleet's serializer); tests/unit/shared/test_queue.py checks the bytes are arq's."""
+    return serialize_job({"t": None, "f": RUN_TURN, "a": [run_id], "k": {}, "et": enqueued_ms})
+
+
+async def enqueue_run(redis: Redis, queue_name: str, run_id: str, *, announce: bool = True) -> bool:
+    """Queue the Run's arq job (job id = run id) in one round trip and, with `announce`, tell
+    idle workers in the same one. False when that job is already queued, running or done:
+    nothing is written and no one is told. Redis errors propagate (the gateway answers 503 and
+    withdraws its claim)."""
+    now = int(time.time() * 1000)
+    keys = [ARQ_JOB_PREFIX + run_id, ARQ_RESULT_PREFIX + run_id, queue_name]
+    channel = jobs_channel(redis, queue_name) if announce else ""
+    args: list[bytes | str | int] = [ARQ_EXPIRES_EXTRA_MS, run_turn_job(run_id, now), now, run_id, channel]
+    # redis-py's Script: EVALSHA, and EVAL once if this Redis has not seen the script (a restart).
+    return bool(await redis.register_script(ENQUEUE_SCRIPT)(keys=keys, args=args))
+
+
 async def announce_queued(redis: Redis, queue_name: str) -> None:
     """Tell idle workers that a job waits on this queue, so they take it now rather than at their
     next poll. Best effort: without the notice the job waits at most one `worker.poll_delay_seconds`."""
@@ -44,10 +85,3 @@ async def announce_queued(redis: Redis, queue_name: str) -> None:
 
 def health_check_key(queue_name: str) -> str:
     return queue_name + HEALTH_CHECK_SUFFIX
-
-
-# arq's own key prefixes (arq.constants), named here so the shared sweep can tell a queued job from
-# a lost one without importing arq; tests/unit/shared/test_queue.py checks they still match.
-ARQ_JOB_PREFIX = "arq:job:"
-ARQ_IN_PROGRESS_PREFIX = "arq:in-progress:"
-ARQ_RESULT_PREFIX = "arq:result:"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -31,7 +31,7 @@ from fleet_shared.db.models import Run
 from fleet_shared.event_log import Appended, RunLog, lease_token, read_all_after
 from fleet_shared.events import RunCancelled, RunEvent, RunFailed, is_terminal
 from fleet_shared.metrics import count_reaper_action
-from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, ARQ_JOB_PREFIX, ARQ_RESULT_PREFIX
+from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, ARQ_JOB_PREFIX, ARQ_RESULT_PREFIX, enqueue_run
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.shutdown import pause
 from fleet_shared.transcript import fold_parts, tombstone_parts
@@ -72,7 +72,7 @@ class Sweeper:
     runlog: RunLog
     lease_seconds: float
     owner: str  # who sweeps: a gateway or worker process id, part of the lease token
-    enqueue: Callable[[str], Awaitable[object]]  # puts the arq job for a run id on the queue
+    queue_name: str  # arq's queue, where a lost Run's job goes again (queue.enqueue_run)
     restart_grace: float | None = None  # default: twice lease_seconds
     quiet_until: float = 0.0  # loop time before which no lost lease is believed (after a Redis fault)
     failures: int = 0  # sweeps failed in a row (logged on the first, then every LOG_EVERY)
@@ -208,7 +208,7 @@ class Sweeper:
         # A result left by a job that failed before claiming the Run (say, the DB was down) would
         # make arq refuse the same job id: clear it, the Run itself says the work is still to do.
         await self.redis.delete(ARQ_RESULT_PREFIX + run.id)
-        if await self.enqueue(run.id) is None:
+        if not await enqueue_run(self.redis, self.queue_name, run.id):
             return 0  # someone else enqueued it a moment ago
         log.warning("sweep.requeued_lost_job", run_id=run.id)
         count_reaper_action("requeued")

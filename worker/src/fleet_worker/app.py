@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 from arq import Worker
-from arq.connections import ArqRedis, RedisSettings
+from arq.connections import RedisSettings
 from arq.utils import timestamp_ms
 from arq.worker import func
 from redis.asyncio import Redis
@@ -23,7 +23,7 @@ from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, dispose_engine, session_factory
 from fleet_shared.event_log import RunLog
-from fleet_shared.queue import RUN_TURN, announce_queued, deserialize_job, health_check_key, serialize_job
+from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
 from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import RETRY_ON, connect, listener, retry_policy
 from fleet_shared.shutdown import bounded, stop_loop
@@ -96,7 +96,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         )
         ctx["announce"] = asyncio.create_task(announce_sandbox(redis, worker_id, sandboxes.mode))
         if not burst:  # a burst worker (tests) sweeps only when asked
-            ctx["sweeper"] = sweeper = make_sweeper(deps, ctx["redis"])
+            ctx["sweeper"] = sweeper = make_sweeper(deps)
             sweep = sweeper.run_forever(SWEEP_INTERVAL_SECONDS)
             ctx["sweep"] = asyncio.create_task(sweep, name="fleet-sweep")
             if settings.profile.sandbox.provider == "daytona":
@@ -160,7 +160,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
 
 
 class JobWaker:
-    """Picks jobs as soon as one is announced (fleet_shared.queue.announce_queued), rather than at
+    """Picks jobs as soon as one is announced (fleet_shared.queue.enqueue_run), rather than at
     the worker's next `poll_delay`: arq's own `start_jobs`, on the ids its poll would read. It
     starts each job under arq's per-job in-progress lock, so running it beside arq's loop (or on
     two workers at once) starts each job once. tests/integration/test_job_notices.py pins it."""
@@ -232,18 +232,12 @@ async def announce_sandbox(redis: Redis, worker_id: str, mode: str) -> None:
         await asyncio.sleep(redis_keys.WORKER_SANDBOX_TTL_SECONDS / 3)
 
 
-def make_sweeper(deps: WorkerDeps, arq: ArqRedis) -> Sweeper:
-    async def enqueue(run_id: str) -> object:
-        job = await arq.enqueue_job(RUN_TURN, run_id, _job_id=run_id)
-        if job is not None:
-            await announce_queued(arq, deps.settings.profile.worker.queue_name)
-        return job
-
+def make_sweeper(deps: WorkerDeps) -> Sweeper:
     return Sweeper(
         sessions=deps.sessions,
         redis=deps.redis,
         runlog=deps.runlog,
         lease_seconds=deps.settings.profile.worker.lease_seconds,
         owner=f"worker:{deps.worker_id}",
-        enqueue=enqueue,
+        queue_name=deps.settings.profile.worker.queue_name,
     )

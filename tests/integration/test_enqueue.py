@@ -1,0 +1,103 @@
+"""fleet's one-round-trip enqueue against a real Redis: it writes what arq's enqueue_job writes
+(arq reads the job back), refuses a job id that is queued, running or done exactly as arq does,
+and tells the workers' channel once per job queued."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import redis.asyncio as aioredis
+from arq.connections import ArqRedis
+from arq.jobs import Job, JobStatus
+
+from fleet_shared.event_log import jobs_channel
+from fleet_shared.queue import (
+    ARQ_EXPIRES_EXTRA_MS,
+    ARQ_IN_PROGRESS_PREFIX,
+    ARQ_JOB_PREFIX,
+    ARQ_RESULT_PREFIX,
+    RUN_TURN,
+    deserialize_job,
+    enqueue_run,
+    serialize_job,
+)
+
+
+def arq_client(redis: aioredis.Redis) -> ArqRedis:
+    return ArqRedis(connection_pool=redis.connection_pool, job_serializer=serialize_job,
+                    job_deserializer=deserialize_job)  # fmt: skip
+
+
+async def notices(redis: aioredis.Redis, queue: str, within: float = 0.3) -> int:
+    """How many notices the jobs channel carried while `within` seconds passed."""
+    count = 0
+    async with redis.pubsub() as pubsub:
+        await pubsub.subscribe(jobs_channel(redis, queue))
+        deadline = time.monotonic() + within
+        while (left := deadline - time.monotonic()) > 0:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+            count += message is not None
+    return count
+
+
+async def test_the_job_is_arqs_own_and_waits_in_the_queue(redis_client: aioredis.Redis) -> None:
+    queue, run_id = f"q-{uuid.uuid4().hex}", str(uuid.uuid4())
+    before = int(time.time() * 1000)
+    assert await enqueue_run(redis_client, queue, run_id) is True
+    info = await Job(run_id, arq_client(redis_client), _queue_name=queue,
+                     _deserializer=deserialize_job).info()  # fmt: skip
+    assert info is not None
+    assert (info.function, tuple(info.args), info.kwargs, info.job_try) == (RUN_TURN, (run_id,), {}, None)
+    assert before <= info.score <= int(time.time() * 1000)
+    assert await Job(run_id, arq_client(redis_client), _queue_name=queue).status() == JobStatus.queued
+    ttl_ms = await redis_client.pttl(ARQ_JOB_PREFIX + run_id)
+    assert ARQ_EXPIRES_EXTRA_MS - 60_000 < ttl_ms <= ARQ_EXPIRES_EXTRA_MS
+
+
+async def test_a_job_id_that_is_queued_running_or_done_is_refused(redis_client: aioredis.Redis) -> None:
+    queue = f"q-{uuid.uuid4().hex}"
+    queued, running, done = (str(uuid.uuid4()) for _ in range(3))
+    assert await enqueue_run(redis_client, queue, queued)
+    assert await enqueue_run(redis_client, queue, running)
+    # A worker took `running` (arq keeps its job key while it runs) and finished `done` (the job
+    # key is gone, its result stays).
+    await redis_client.zrem(queue, running)
+    await redis_client.set(ARQ_IN_PROGRESS_PREFIX + running, b"1")
+    await redis_client.set(ARQ_RESULT_PREFIX + done, b"result")
+    counted = asyncio.create_task(notices(redis_client, queue))
+    await asyncio.sleep(0.05)  # subscribed
+    for run_id in (queued, running, done):
+        assert await enqueue_run(redis_client, queue, run_id) is False
+    assert await counted == 0  # a refused job tells no one
+    assert await redis_client.zrange(queue, 0, -1) == [queued.encode()]
+    assert not await redis_client.exists(ARQ_JOB_PREFIX + done)
+
+
+async def test_each_queued_job_is_announced_once(redis_client: aioredis.Redis) -> None:
+    queue = f"q-{uuid.uuid4().hex}"
+    counted = asyncio.create_task(notices(redis_client, queue))
+    await asyncio.sleep(0.05)  # subscribed
+    for _ in range(3):
+        assert await enqueue_run(redis_client, queue, str(uuid.uuid4()))
+    assert await counted == 3
+
+
+async def test_the_script_is_loaded_again_after_redis_forgets_it(redis_client: aioredis.Redis) -> None:
+    """A restarted Redis has no scripts: the first enqueue after it still works (EVAL once)."""
+    queue = f"q-{uuid.uuid4().hex}"
+    assert await enqueue_run(redis_client, queue, str(uuid.uuid4()))
+    await redis_client.script_flush()
+    assert await enqueue_run(redis_client, queue, str(uuid.uuid4()))
+    assert await redis_client.zcard(queue) == 2
+
+
+async def test_an_enqueue_without_its_notice_tells_no_one(redis_client: aioredis.Redis) -> None:
+    """The gateway's: it announces the job itself, once its response has started."""
+    queue = f"q-{uuid.uuid4().hex}"
+    counted = asyncio.create_task(notices(redis_client, queue))
+    await asyncio.sleep(0.05)  # subscribed
+    assert await enqueue_run(redis_client, queue, str(uuid.uuid4()), announce=False)
+    assert await counted == 0
+    assert await redis_client.zcard(queue) == 1
