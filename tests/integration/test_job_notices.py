@@ -18,6 +18,7 @@ from litestar.testing import TestClient
 
 from fleet_gateway.app import create_app
 from fleet_shared.db import queries
+from fleet_shared.event_log import jobs_channel
 from fleet_shared.events import RunCompleted
 from fleet_shared.queue import RUN_TURN, enqueue_run
 from fleet_worker.app import build_worker
@@ -184,3 +185,44 @@ async def test_a_turn_posted_to_the_gateway_is_taken_at_once(harness_factory: An
     assert response.status_code == 200
     assert "noticed" in response.text and response.text.rstrip().endswith("data: [DONE]")
     assert took < SLOW_POLL_SECONDS / 2
+
+
+async def test_the_gateway_announces_a_queued_turn_once_and_a_replay_not_at_all(
+    harness_factory: Any,
+) -> None:
+    """The POST announces its queued Turn; the same POST again (same key) replays the Run and
+    wakes no one. The Turn runs on a burst worker once the notice is heard."""
+    harness = harness_factory(SUBMIT)
+    heard: list[object] = []
+    async with harness.redis.pubsub() as pubsub:
+        await pubsub.subscribe(jobs_channel(harness.redis, harness.settings.profile.worker.queue_name))
+
+        async def listen() -> None:
+            async for message in pubsub.listen():
+                if message["type"] == "message":
+                    heard.append(message["data"])
+
+        listener = asyncio.create_task(listen())
+        client = TestClient(create_app(harness.settings))
+        await asyncio.to_thread(client.__enter__)
+        try:
+            session = await asyncio.to_thread(client.post, "/api/sessions", json={})
+            path = f"/api/sessions/{session.json()['id']}/turns"
+
+            def post() -> str:
+                return client.post(path, json={"text": "hi"}, headers={"Idempotency-Key": "k"}).text
+
+            first = asyncio.create_task(asyncio.to_thread(post))
+            await until(lambda: _heard(heard, 1), within=TAKEN_WITHIN_SECONDS)
+            await harness.work()
+            assert (await first).rstrip().endswith("data: [DONE]")
+            assert (await asyncio.to_thread(post)).rstrip().endswith("data: [DONE]")  # the replay
+            await asyncio.sleep(0.3)  # a second notice, if any, would be here by now
+        finally:
+            await asyncio.to_thread(client.__exit__, None, None, None)
+            listener.cancel()
+    assert heard == [b"1"]
+
+
+async def _heard(heard: list[object], count: int) -> bool:
+    return len(heard) >= count
