@@ -144,6 +144,11 @@ def run(
             "mean_turns_per_s": round(mean(m.turns_per_s for m in runs), 3),
             "overall_turns_per_s": [round(m.overall_turns_per_s, 3) for m in runs],
             "worker_cpu_cores": round(mean(m.worker_cores for m in runs), 3),
+            "worker_cpu_ms_per_turn": round(
+                mean(m.worker_cores for m in runs) / mean(m.turns_per_s for m in runs) * 1000, 1
+            ),
+            "machine_busy_cores": round(mean(m.machine_cores for m in runs), 3),
+            "machine_saturated_fraction": round(mean(m.saturated for m in runs), 3),
         }
         receipt.ratios[f"concurrency_{level}_vs_1"] = round(ratio, 3)
         linear[str(level)] = {

@@ -139,7 +139,10 @@ def test_the_scale_lane_compares_worker_counts() -> None:
     assert 0 <= body["figures"]["workers_2"]["machine_saturated_fraction"] <= 1
     assert body["ratios"]["throughput_2_vs_1"] > 0
     assert body["ratios"]["concurrency_2_vs_1"] > 0
-    assert body["figures"]["concurrency_2"]["worker_cpu_cores"] > 0
+    level = body["figures"]["concurrency_2"]
+    assert level["worker_cpu_cores"] > 0 and level["worker_cpu_ms_per_turn"] > 0
+    assert 0 < level["machine_busy_cores"] <= body["machine"]["cpu_count"] + 0.1
+    assert 0 <= level["machine_saturated_fraction"] <= 1
 
 
 def test_the_recovery_lane_times_a_kill_and_a_cancel() -> None:
