@@ -4,9 +4,10 @@ and tells the workers' channel once per job queued."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import redis.asyncio as aioredis
 from arq.connections import ArqRedis
@@ -30,16 +31,23 @@ def arq_client(redis: aioredis.Redis) -> ArqRedis:
                     job_deserializer=deserialize_job)  # fmt: skip
 
 
-async def notices(redis: aioredis.Redis, queue: str, within: float = 0.3) -> int:
-    """How many notices the jobs channel carried while `within` seconds passed."""
-    count = 0
+@contextlib.asynccontextmanager
+async def listening(redis: aioredis.Redis, queue: str) -> AsyncIterator[Callable[[], Awaitable[int]]]:
+    """Subscribed to the queue's notices (Redis has confirmed it) for the block; the callable
+    counts the notices that arrive within the next 0.3 s."""
     async with redis.pubsub() as pubsub:
         await pubsub.subscribe(jobs_channel(redis, queue))
-        deadline = time.monotonic() + within
-        while (left := deadline - time.monotonic()) > 0:
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
-            count += message is not None
-    return count
+        confirmed = await pubsub.get_message(timeout=5)
+        assert confirmed is not None and confirmed["type"] == "subscribe"
+
+        async def count() -> int:
+            heard, deadline = 0, time.monotonic() + 0.3
+            while (left := deadline - time.monotonic()) > 0:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+                heard += message is not None
+            return heard
+
+        yield count
 
 
 async def test_the_job_is_arqs_own_and_waits_in_the_queue(redis_client: aioredis.Redis) -> None:
@@ -66,22 +74,23 @@ async def test_a_job_id_that_is_queued_running_or_done_is_refused(redis_client: 
     await redis_client.zrem(queue, running)
     await redis_client.set(ARQ_IN_PROGRESS_PREFIX + running, b"1")
     await redis_client.set(ARQ_RESULT_PREFIX + done, b"result")
-    counted = asyncio.create_task(notices(redis_client, queue))
-    await asyncio.sleep(0.05)  # subscribed
-    for run_id in (queued, running, done):
-        assert await enqueue_run(redis_client, queue, run_id) is False
-    assert await counted == 0  # a refused job tells no one
-    assert await redis_client.zrange(queue, 0, -1) == [queued.encode()]
+    async with listening(redis_client, queue) as notices:
+        for run_id in (queued, running, done):
+            assert await enqueue_run(redis_client, queue, run_id) is False
+        assert await notices() == 0  # a refused job tells no one
+        assert await enqueue_run(redis_client, queue, str(uuid.uuid4()))
+        assert await notices() == 1  # (and the listener does hear one that is queued)
+    assert queued.encode() in await redis_client.zrange(queue, 0, -1)
+    assert running.encode() not in await redis_client.zrange(queue, 0, -1)
     assert not await redis_client.exists(ARQ_JOB_PREFIX + done)
 
 
 async def test_each_queued_job_is_announced_once(redis_client: aioredis.Redis) -> None:
     queue = f"q-{uuid.uuid4().hex}"
-    counted = asyncio.create_task(notices(redis_client, queue))
-    await asyncio.sleep(0.05)  # subscribed
-    for _ in range(3):
-        assert await enqueue_run(redis_client, queue, str(uuid.uuid4()))
-    assert await counted == 3
+    async with listening(redis_client, queue) as notices:
+        for _ in range(3):
+            assert await enqueue_run(redis_client, queue, str(uuid.uuid4()))
+        assert await notices() == 3
 
 
 async def test_the_script_is_loaded_again_after_redis_forgets_it(redis_client: aioredis.Redis) -> None:
@@ -96,8 +105,9 @@ async def test_the_script_is_loaded_again_after_redis_forgets_it(redis_client: a
 async def test_an_enqueue_without_its_notice_tells_no_one(redis_client: aioredis.Redis) -> None:
     """The gateway's: it announces the job itself, once its response has started."""
     queue = f"q-{uuid.uuid4().hex}"
-    counted = asyncio.create_task(notices(redis_client, queue))
-    await asyncio.sleep(0.05)  # subscribed
-    assert await enqueue_run(redis_client, queue, str(uuid.uuid4()), announce=False)
-    assert await counted == 0
-    assert await redis_client.zcard(queue) == 1
+    async with listening(redis_client, queue) as notices:
+        assert await enqueue_run(redis_client, queue, str(uuid.uuid4()), announce=False)
+        assert await notices() == 0
+        assert await enqueue_run(redis_client, queue, str(uuid.uuid4()))
+        assert await notices() == 1
+    assert await redis_client.zcard(queue) == 2  # both queued

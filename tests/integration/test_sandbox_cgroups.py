@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fleet_worker.sandbox.boundary import Caps
-from fleet_worker.sandbox.cgroups import Cgroups, Limits
+from fleet_worker.sandbox.cgroups import SANDBOX_CPU_SHARES, SANDBOX_CPU_WEIGHT, Cgroups, Limits
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.process import descendants
@@ -74,6 +74,11 @@ def test_a_spinning_sandbox_yields_the_cpu_to_a_control_plane_process(traversabl
     probe = Cgroups.detect(Limits(memory_bytes=cfg.memory_mb * 2**20, pids=cfg.max_processes, cpus=cfg.cpus))
     if not probe.bases:
         pytest.skip(f"no cgroups here: {probe.reason}")
+    weight_file = "cpu.shares" if probe.version == 1 else "cpu.weight"
+    weights = [base / weight_file for base in probe.bases if (base / weight_file).exists()]
+    assert [path.read_text().strip() for path in weights] == [
+        str(SANDBOX_CPU_SHARES if probe.version == 1 else SANDBOX_CPU_WEIGHT)
+    ]
     cpu = min(os.sched_getaffinity(0))
     provider = LocalSandboxProvider(cfg, caps=Caps(), workspaces=traversable_dir)
     lease = provider.acquire("ws", "run-cpu-weight")
@@ -104,7 +109,9 @@ def test_a_spinning_sandbox_yields_the_cpu_to_a_control_plane_process(traversabl
         host = cpu_seconds({spinner.pid}) - host_before
         sandboxed = cpu_seconds(sandbox_pids) - sandbox_before
         assert not failures, failures
-        assert host > 0.5, f"the host process barely ran ({host:.2f} s): the window is not contended"
+        if host < 0.5:  # other work took the core: this window cannot compare the two
+            pytest.skip(f"the pinned core was busy with other work (host process: {host:.2f} s of 2)")
+        assert sandboxed > 0.05, f"the sandbox's cell did not spin ({sandboxed:.2f} s): nothing compared"
         assert host > 3 * sandboxed, f"host {host:.2f} s against sandbox {sandboxed:.2f} s of CPU"
         session.interrupt()
         cell.join(20)

@@ -60,8 +60,9 @@ class GatewayState:
         was still answering, and the first byte came later (bench/evidence/enqueue-one-trip)."""
         queue = self.settings.profile.worker.queue_name
         queued = await enqueue_run(self.arq, queue, run_id, announce=False)
-        if queued:
-            notice = asyncio.create_task(announce_queued(self.arq, queue))
-            self.notices.add(notice)  # a reference until it is done: the loop keeps only weak ones
-            notice.add_done_callback(self.notices.discard)
+        # Even when the job was there already: a retried script whose first reply was lost says
+        # False for the job it wrote itself, and a notice too many only makes a worker look.
+        notice = asyncio.create_task(announce_queued(self.arq, queue))
+        self.notices.add(notice)  # a reference until it is done: the loop keeps only weak ones
+        notice.add_done_callback(self.notices.discard)
         return queued

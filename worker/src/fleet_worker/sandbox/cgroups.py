@@ -217,6 +217,15 @@ def write(path: Path, value: object) -> None:
     path.write_text(f"{value}\n")
 
 
+def weigh(path: Path, weight: int) -> None:
+    """The sandboxes' CPU weight only orders who runs first: a host that refuses it keeps every
+    limit, and says so."""
+    try:
+        write(path, weight)
+    except OSError as exc:
+        log.warning("sandbox.cpu_weight_not_set", path=str(path), error=str(exc))
+
+
 def own_paths() -> dict[str, str]:
     """This process's cgroup per controller (`""` keys the v2 hierarchy)."""
     paths: dict[str, str] = {}
@@ -270,7 +279,7 @@ def find_v1(own: dict[str, Path]) -> tuple[tuple[Path, ...], int] | None:
             return None
         base.mkdir(exist_ok=True)
         bases.append(base)
-    write(bases[CONTROLLERS.index("cpu")] / "cpu.shares", SANDBOX_CPU_SHARES)
+    weigh(bases[CONTROLLERS.index("cpu")] / "cpu.shares", SANDBOX_CPU_SHARES)
     return tuple(bases), 1
 
 
@@ -290,7 +299,7 @@ def find_v2(own: Path) -> tuple[tuple[Path, ...], int] | None:
     base = own / GROUP
     base.mkdir(exist_ok=True)
     write(base / "cgroup.subtree_control", enable)
-    write(base / "cpu.weight", SANDBOX_CPU_WEIGHT)
+    weigh(base / "cpu.weight", SANDBOX_CPU_WEIGHT)
     return (base,), 2
 
 
