@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_worker.sandbox.cgroups import CONTROLLERS, GROUP, LEAF, Cgroups, find_v2, inspect
+from fleet_worker.sandbox.cgroups import CONTROLLERS, GROUP, LEAF, Cgroups, find_v1, find_v2, inspect
 from fleet_worker.sandbox.doctor import check_cgroups
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 
@@ -98,3 +98,12 @@ def test_the_workers_own_setup_does_write_this_layout(tmp_path: Path) -> None:
     assert after != before
     assert (own / LEAF / "cgroup.procs").read_text() == "7\n"  # each pid written in turn
     assert (own / "cgroup.subtree_control").read_text() == "+memory +pids +cpu\n"
+
+
+def test_a_host_that_refuses_the_cpu_weight_keeps_the_sandbox_cgroups(tmp_path: Path) -> None:
+    """The weight only orders who runs first: failing to write it must not cost the limits."""
+    own = {controller: tmp_path / controller / "worker" for controller in CONTROLLERS}
+    for path in own.values():
+        path.mkdir(parents=True)
+    (own["cpu"] / GROUP / "cpu.shares").mkdir(parents=True)  # a write to it fails (EISDIR)
+    assert find_v1(own) == (tuple(own[c] / GROUP for c in CONTROLLERS), 1)
