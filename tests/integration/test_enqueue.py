@@ -22,6 +22,7 @@ from fleet_shared.queue import (
     RUN_TURN,
     deserialize_job,
     enqueue_run,
+    enqueue_script,
     serialize_job,
 )
 
@@ -100,6 +101,21 @@ async def test_the_script_is_loaded_again_after_redis_forgets_it(redis_client: a
     await redis_client.script_flush()
     assert await enqueue_run(redis_client, queue, str(uuid.uuid4()))
     assert await redis_client.zcard(queue) == 2
+
+
+async def test_each_client_builds_its_script_once(redis_client: aioredis.Redis, redis_url: str) -> None:
+    """The script is built and hashed once per client, not per POST; each client's enqueues run
+    on that client."""
+    queue = f"q-{uuid.uuid4().hex}"
+    other = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await enqueue_run(redis_client, queue, str(uuid.uuid4()))
+        assert await enqueue_run(other, queue, str(uuid.uuid4()))
+        assert enqueue_script(redis_client) is enqueue_script(redis_client)
+        assert enqueue_script(other).registered_client is other
+        assert await redis_client.zcard(queue) == 2
+    finally:
+        await other.aclose()
 
 
 async def test_an_enqueue_without_its_notice_tells_no_one(redis_client: aioredis.Redis) -> None:

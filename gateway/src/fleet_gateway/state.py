@@ -55,9 +55,10 @@ class GatewayState:
 
     async def enqueue(self, run_id: str) -> bool:
         """Queue the Run's job (job id = run id) in one round trip; False when that job is already
-        queued. Workers are told by a task of its own, after the POST's response has started: a
-        worker woken in the same round trip started the Turn on the same cores while the gateway
-        was still answering, and the first byte came later (bench/evidence/enqueue-one-trip)."""
+        queued. Workers are told by a task of its own, started here and run at the handler's next
+        await (before or while the first frame is written), not in the enqueue's round trip: a
+        worker woken by the script itself started the Turn on the same cores while the gateway was
+        still answering, and the first byte came later (bench/evidence/enqueue-one-trip)."""
         queue = self.settings.profile.worker.queue_name
         queued = await enqueue_run(self.arq, queue, run_id, announce=False)
         # Even when the job was there already: a retried script whose first reply was lost says

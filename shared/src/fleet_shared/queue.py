@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from typing import Any
 
 import msgspec
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from fleet_shared.event_log import jobs_channel
@@ -72,8 +74,19 @@ async def enqueue_run(redis: Redis, queue_name: str, run_id: str, *, announce: b
     keys = [ARQ_JOB_PREFIX + run_id, ARQ_RESULT_PREFIX + run_id, queue_name]
     channel = jobs_channel(redis, queue_name) if announce else ""
     args: list[bytes | str | int] = [ARQ_EXPIRES_EXTRA_MS, run_turn_job(run_id, now), now, run_id, channel]
-    # redis-py's Script: EVALSHA, and EVAL once if this Redis has not seen the script (a restart).
-    return bool(await redis.register_script(ENQUEUE_SCRIPT)(keys=keys, args=args))
+    # redis-py's Script: EVALSHA, and SCRIPT LOAD once if this Redis has not seen it (a restart).
+    return bool(await enqueue_script(redis)(keys=keys, args=args))
+
+
+ENQUEUE_SCRIPTS: weakref.WeakKeyDictionary[Redis, AsyncScript] = weakref.WeakKeyDictionary()
+
+
+def enqueue_script(redis: Redis) -> AsyncScript:
+    """The enqueue script of this client, built (and its SHA1 taken) once, not on every POST."""
+    script = ENQUEUE_SCRIPTS.get(redis)
+    if script is None:
+        script = ENQUEUE_SCRIPTS[redis] = redis.register_script(ENQUEUE_SCRIPT)
+    return script
 
 
 async def announce_queued(redis: Redis, queue_name: str) -> None:
