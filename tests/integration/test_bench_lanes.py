@@ -83,6 +83,9 @@ def test_the_turn_lane_measures_fleet_and_the_in_process_floor() -> None:
     timing = body["figures"]["first_byte_server_timing"]
     assert timing["claim"]["n"] == timing["enqueue"]["n"] == 4 and timing["claim"]["p50_ms"] > 0
     assert body["figures"]["aiosqlite_hop"]["p50_ms"] > 0
+    # The first byte's own floor (bench/first_byte_floor.py) answered in the same rounds.
+    assert body["figures"]["first_byte_floor"]["n"] == 2 and body["figures"]["first_byte_floor"]["p50_ms"] > 0
+    assert body["ratios"]["first_byte_vs_floor"]["ratio_p50"] > 0
 
 
 def test_the_ab_comparison_runs_two_checkouts_side_by_side() -> None:
