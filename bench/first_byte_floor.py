@@ -14,18 +14,17 @@ Run: `python -m bench.first_byte_floor --port P --redis URL --db PATH` (loopback
 
 import argparse
 import asyncio
-import contextlib
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from bench.harness import start_baseline_server
 
 FRAME = b'data: {"type":"start"}\n\n'
 
@@ -69,19 +68,7 @@ def start(redis_url: str, db: Path, port: int, cwd: Path, log: Path) -> subproce
     """The floor app in its own process group, once it answers on `port`."""
     argv = [sys.executable, "-m", "bench.first_byte_floor", "--port", str(port), "--redis", redis_url,
             "--db", str(db)]  # fmt: skip
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the floor app exited with {proc.returncode}: {log.read_text()[-800:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: floor\r\nConnection: close\r\n\r\n")
-            if s.recv(64).startswith(b"HTTP/1.1 200"):
-                return proc
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the floor app never answered")
+    return start_baseline_server("first-byte floor app", argv, port, cwd, log)
 
 
 def main() -> int:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -219,3 +221,23 @@ def latest_receipts(directory: Path | None = None) -> dict[str, tuple[Path, dict
         if lane not in found or key > found[lane][0]:
             found[lane] = (key, path, body)
     return {lane: (path, body) for lane, (_, path, body) in sorted(found.items())}
+
+
+def start_baseline_server(
+    name: str, argv: list[str], port: int, cwd: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """A baseline server (`bench.relay`, `bench.first_byte_floor`) in its own process group, once
+    its `GET /health` answers 200 on `port`; its output goes to `log`."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {name} exited with {proc.returncode}: {log.read_text()[-800:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+            if s.recv(64).startswith(b"HTTP/1.1 200"):
+                return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"the {name} never answered")

@@ -12,15 +12,14 @@ Run: `python -m bench.relay --port P --redis URL --channel CHANNEL` (loopback on
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from bench.harness import start_baseline_server
 
 TERMINAL = {"run.completed", "run.failed", "run.cancelled"}
 
@@ -73,30 +72,9 @@ def available() -> str | None:
 
 def start(redis_url: str, channel: str, port: int, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
     """The relay in its own process group, once it answers on `port`."""
-    argv = [
-        sys.executable,
-        "-m",
-        "bench.relay",
-        "--port",
-        str(port),
-        "--redis",
-        redis_url,
-        "--channel",
-        channel,
-    ]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the relay exited with {proc.returncode}: {log.read_text()[-800:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
-            if s.recv(64).startswith(b"HTTP/1.1 200"):
-                return proc
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the relay never answered")
+    argv = [sys.executable, "-m", "bench.relay", "--port", str(port), "--redis", redis_url,
+            "--channel", channel]  # fmt: skip
+    return start_baseline_server("relay", argv, port, cwd, log)
 
 
 def main() -> int:
