@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
-import weakref
 from typing import Any
 
 import msgspec
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from fleet_shared.event_log import jobs_channel
 
@@ -56,6 +55,9 @@ redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
 if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], '1') end
 return 1
 """
+# Hashed once per process, not per enqueue (redis-py's register_script would hash it each time,
+# into a Script that holds its client); tests/integration/test_enqueue.py checks Redis agrees.
+ENQUEUE_SHA = hashlib.sha1(ENQUEUE_SCRIPT.encode()).hexdigest()
 ARQ_EXPIRES_EXTRA_MS = 86_400_000  # arq's default: a job not started within a day expires
 
 
@@ -74,19 +76,12 @@ async def enqueue_run(redis: Redis, queue_name: str, run_id: str, *, announce: b
     keys = [ARQ_JOB_PREFIX + run_id, ARQ_RESULT_PREFIX + run_id, queue_name]
     channel = jobs_channel(redis, queue_name) if announce else ""
     args: list[bytes | str | int] = [ARQ_EXPIRES_EXTRA_MS, run_turn_job(run_id, now), now, run_id, channel]
-    # redis-py's Script: EVALSHA, and SCRIPT LOAD once if this Redis has not seen it (a restart).
-    return bool(await enqueue_script(redis)(keys=keys, args=args))
-
-
-ENQUEUE_SCRIPTS: weakref.WeakKeyDictionary[Redis, AsyncScript] = weakref.WeakKeyDictionary()
-
-
-def enqueue_script(redis: Redis) -> AsyncScript:
-    """The enqueue script of this client, built (and its SHA1 taken) once, not on every POST."""
-    script = ENQUEUE_SCRIPTS.get(redis)
-    if script is None:
-        script = ENQUEUE_SCRIPTS[redis] = redis.register_script(ENQUEUE_SCRIPT)
-    return script
+    # (redis-py types these commands for its sync client: str arguments, no awaitable)
+    try:
+        return bool(await redis.evalsha(ENQUEUE_SHA, len(keys), *keys, *args))  # type: ignore[arg-type,misc]
+    except NoScriptError:  # this Redis has not seen the script (a restart, a flush): load it once
+        await redis.script_load(ENQUEUE_SCRIPT)
+        return bool(await redis.evalsha(ENQUEUE_SHA, len(keys), *keys, *args))  # type: ignore[arg-type,misc]
 
 
 async def announce_queued(redis: Redis, queue_name: str) -> None:
