@@ -228,16 +228,19 @@ def start_baseline_server(
 ) -> subprocess.Popen[bytes]:
     """A baseline server (`bench.relay`, `bench.first_byte_floor`) in its own process group, once
     its `GET /health` answers 200 on `port`; its output goes to `log`."""
+    from bench.stack import stop_group
+
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            stop_group(proc)  # a worker it forked may outlive it
             raise RuntimeError(f"the {name} exited with {proc.returncode}: {log.read_text()[-800:]}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
             s.sendall(b"GET /health HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
             if s.recv(64).startswith(b"HTTP/1.1 200"):
                 return proc
         time.sleep(0.05)
-    proc.kill()
+    stop_group(proc)
     raise RuntimeError(f"the {name} never answered")
