@@ -30,7 +30,7 @@ FRAME = b'data: {"type":"start"}\n\n'
 
 
 def build_app() -> Any:
-    """The app Granian imports (`bench.first_byte_floor:app`); its settings come from the env."""
+    """The app factory Granian calls in its worker; its settings come from the env."""
     from litestar import Litestar, get, post
     from litestar.response import Stream
     from redis.asyncio import Redis
@@ -81,13 +81,9 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["FLEET_BENCH_FLOOR_REDIS"], os.environ["FLEET_BENCH_FLOOR_DB"] = args.redis, args.db
     # As `fleet gateway` runs the gateway: one worker process, Granian's default loop (uvloop).
-    Granian("bench.first_byte_floor:app", address="127.0.0.1", port=args.port, interface="asgi",  # type: ignore[arg-type]
-            workers=1, backlog=2048, log_access=False).serve()  # fmt: skip
+    Granian("bench.first_byte_floor:build_app", address="127.0.0.1", port=args.port, interface="asgi",  # type: ignore[arg-type]
+            factory=True, workers=1, backlog=2048, log_access=False).serve()  # fmt: skip
     return 0
-
-
-if "FLEET_BENCH_FLOOR_DB" in os.environ and __name__ != "__main__":
-    app = build_app()  # imported by Granian's worker
 
 
 if __name__ == "__main__":

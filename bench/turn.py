@@ -17,7 +17,7 @@ from typing import Any
 
 from bench import first_byte_floor
 from bench import stack as fleet_stack
-from bench.harness import REPO, Receipt, compared, goal, interleave, summary
+from bench.harness import REPO, Receipt, compared, goal, interleave, ratios, summary
 
 SCRIPT = fleet_stack.three_step_script()
 
@@ -176,8 +176,7 @@ def run(*, quick: bool = False, repeats: int | None = None, warmup: int | None =
     first_byte = summary(bytes_new + bytes_same)
     byte_floor = summary(samples["first_byte_floor"])
     # p50 only: the floor has one sample per round, fleet two (p99 of 60 is the maximum).
-    byte_floor_ratio = {"ratio_p50": round(first_byte["p50_ms"] / byte_floor["p50_ms"], 3)} if (
-        first_byte.get("p50_ms") and byte_floor.get("p50_ms")) else {}  # fmt: skip
+    byte_floor_ratio = {"ratio_p50": ratios(first_byte, byte_floor)["ratio_p50"]}
     receipt.figures = {
         "end_to_end_new_session": new,
         "end_to_end_same_session": same,
