@@ -293,6 +293,13 @@ def test_an_interpreter_that_exits_is_replaced(session: ReplSession) -> None:
     assert run(session, "print('again')").stdout == "again\n"
 
 
+def test_an_interpreter_killed_by_a_signal_is_named_and_replaced(session: ReplSession) -> None:
+    result = run(session, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+    assert result.error is not None and result.error.type == "ReplReset"
+    assert "died by signal SIGSEGV" in result.error.message
+    assert run(session, "print('again')").stdout == "again\n"
+
+
 def test_lone_surrogates_in_output_do_not_break_anything(session: ReplSession) -> None:
     result = run(session, "print('a\\ud800b')\nimport os\nos.write(1, b'\\xff\\xfe\\n')")
     assert result.error is None

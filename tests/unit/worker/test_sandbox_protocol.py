@@ -158,6 +158,51 @@ def test_driver_codec_speaks_the_host_format(pipe: tuple[int, int]) -> None:
     assert channel.receive() == {"op": "tool_result", "ok": True, "value": "ü"}
 
 
+ODD_VALUES = [
+    {"op": "result", "id": 7, "final": {"answer": "plain"}},
+    {"text": "ü ✓ \U0001f600 \ud800 lone surrogate", "quote": '"\\\n\t\x00\x1f'},
+    {"numbers": [0, -1, 2**70, 1.5, -0.0, 1e300, float("inf"), float("-inf"), float("nan")]},
+    {"nested": [[[{"a": [None, True, False]}]]], "empty": [{}, [], ""]},
+    {"keys": {3: "int key", 2.5: "float key", True: "bool key", None: "none key"}},
+    {"fallback": {frozenset({1}), (2, 3)}, "object": object()},
+]
+
+
+@pytest.mark.parametrize("value", ODD_VALUES)
+def test_driver_json_is_the_json_module_s(value: dict[str, object]) -> None:
+    # The driver runs the stdlib's C codec without the json package; it must write and read
+    # exactly what json.dumps and json.loads would.
+    import json
+
+    expected = json.dumps(value, default=repl_main.jsonable, separators=(",", ":"))
+    if "object" in value:  # str() of an object differs by its address only
+        value = {**value, "object": "same"}
+        expected = json.dumps(value, default=repl_main.jsonable, separators=(",", ":"))
+    text = repl_main.encode_json(value)
+    assert text == expected
+    assert repr(repl_main.decode_json(text)) == repr(json.loads(expected))  # repr: NaN != NaN
+    spaced = json.dumps(json.loads(expected), indent=2)
+    assert repr(repl_main.decode_json(f" {spaced}\n")) == repr(json.loads(spaced))
+
+
+@pytest.mark.parametrize("text", ["", "   ", "{", '{"a": 1} x', "[1,]", '{"a": NaNx}', "\x00"])
+def test_driver_json_refuses_what_json_refuses(text: str) -> None:
+    import json
+
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        repl_main.decode_json(text)
+
+
+def test_driver_json_refuses_a_cycle() -> None:
+    looped: list[object] = []
+    looped.append(looped)
+    with pytest.raises(ValueError, match="ircular reference"):
+        repl_main.encode_json({"value": looped})
+    assert repl_main.encode_json({"value": [1]}) == '{"value":[1]}'  # the next one starts clean
+
+
 def bind_sources(argv: list[str]) -> list[str]:
     return [argv[i + 1] for i, arg in enumerate(argv) if arg in {"--bind", "--ro-bind", "--dev-bind"}]
 

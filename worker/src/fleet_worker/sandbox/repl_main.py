@@ -17,22 +17,23 @@ Host → supervisor: `execute`, `tool_result`, `shutdown`. Supervisor → host: 
 
 from __future__ import annotations
 
-import _socket  # the C module alone: `socket` would cost every REPL start ~2 ms of imports
+# Every REPL start imports these, inside the Turn's latency and the worker's CPU: C modules where
+# the stdlib module would pull in more (`socket`, `signal` and `threading` load enum and
+# functools; `json` loads re; `contextlib` loads collections): ~15 ms of CPU a start.
+import _json
+import _signal  # type: ignore[import-not-found]  # no stub: the C half of `signal`
+import _socket
+import _thread
 import builtins
-import contextlib
 import io
-import json
 import os
 import resource
 import select
-import signal
 import struct
 import sys
-import threading
 import types
 
-# Start-up time is a Turn's latency: `typing` is for the type checker only, and `traceback` is
-# imported by the interpreter child once it has reported ready (see child_main).
+# `typing` is for the type checker only; `traceback` is imported by the first cell that fails.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, NoReturn
@@ -54,6 +55,53 @@ STOPPED = "the REPL process was stopped (SIGSTOP); it was killed and restarted, 
 DRIVER_FILE = __file__
 
 
+class suppress:  # contextlib.suppress, without importing contextlib
+    def __init__(self, *kinds: type[BaseException]) -> None:
+        self.kinds = kinds
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_details: object) -> bool:
+        return kind is not None and issubclass(kind, self.kinds)
+
+
+class JsonOptions:
+    """What the stdlib's C JSON scanner reads from json.JSONDecoder: json.loads' defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}.__getitem__
+
+
+# The C codec that json.dumps and json.loads run on, used without the json package (its modules
+# import re). Same text as json.dumps(value, default=jsonable, separators=(",", ":")): ASCII
+# only, NaN and Infinity allowed, a cycle refused; the same values as json.loads.
+SCAN_JSON = _json.make_scanner(JsonOptions)  # type: ignore[arg-type]  # it reads these attributes
+JSON_WHITESPACE = " \t\n\r"
+
+
+def encode_json(value: object) -> str:
+    encoder = _json.make_encoder(
+        {}, jsonable, _json.encode_basestring_ascii, None, ":", ",", False, False, True
+    )  # a fresh one each time: its record of the containers it is inside must start empty
+    return "".join(encoder(value, 0))
+
+
+def decode_json(text: str) -> Any:
+    text = text.strip(JSON_WHITESPACE)
+    try:
+        value, end = SCAN_JSON(text, 0)
+    except StopIteration:  # what the scanner raises when no value starts here
+        raise ValueError("no JSON value") from None
+    if end != len(text):
+        raise ValueError("extra data after the JSON value")
+    return value
+
+
 class Submitted(BaseException):
     """Raised by SUBMIT to end the cell at once; BaseException so `except Exception` misses it."""
 
@@ -69,7 +117,7 @@ class Channel:
         self.fd_in = fd_in
         self.fd_out = fd_out
         # A cell's threads may call tools too: one call (its frame out, its reply in) at a time.
-        self.lock = threading.Lock()
+        self.lock = _thread.allocate_lock()
 
     def send(self, message: dict[str, Any]) -> None:
         self.write(self.encode(message))
@@ -78,7 +126,7 @@ class Channel:
     def encode(message: dict[str, Any]) -> bytes:
         if nests_deeper(message, MAX_NESTING):
             raise ValueError(f"the value nests more than {MAX_NESTING} levels deep")
-        payload = json.dumps(message, default=jsonable, separators=(",", ":")).encode("ascii")
+        payload = encode_json(message).encode("ascii")
         if len(payload) > MAX_FRAME_BYTES:
             raise ValueError(f"message of {len(payload)} bytes exceeds the frame limit")
         return HEADER.pack(len(payload)) + payload
@@ -105,7 +153,7 @@ class Channel:
         if payload is None:
             return None, b""
         try:
-            message = json.loads(payload.decode("utf-8"))
+            message = decode_json(payload.decode("utf-8"))
         except (ValueError, RecursionError):
             return None, b""
         if not isinstance(message, dict):
@@ -172,7 +220,7 @@ class Repl:
 
 def flush_output() -> None:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
+        with suppress(Exception):
             if stream is not None:
                 stream.flush()
 
@@ -223,7 +271,7 @@ def make_submit(output_fields: list[str] | None) -> Any:
 
 def describe(exc: BaseException, compiled: types.CodeType | None, code: str) -> dict[str, str]:
     """Type, message and a traceback of the cell's own frames (driver frames left out)."""
-    import traceback  # loaded once the child is ready (child_main)
+    import traceback  # here, not at start: a REPL whose cells never fail never pays for it
 
     cell_codes = nested_codes(compiled) if compiled is not None else set()
     lines = code.splitlines()
@@ -284,8 +332,8 @@ def jsonable(value: object) -> object:
 
 def child_main(sock: int) -> NoReturn:
     """The interpreter: stdout/stderr are the output pipe (fds 1 and 2), frames go to the supervisor."""
-    with contextlib.suppress(OSError):
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the supervisor
+    with suppress(OSError):
+        prctl(PR_SET_PDEATHSIG, _signal.SIGKILL)  # never outlive the supervisor
         # Dumpable again (fork kept the supervisor's setting): the cell may read its own
         # /proc/self; nothing of the supervisor's is in this process any more.
         prctl(PR_SET_DUMPABLE, 1)
@@ -299,8 +347,6 @@ def child_main(sock: int) -> NoReturn:
     channel = Channel(sock, sock)
     repl = Repl(channel)
     channel.send({"op": "ready"})
-    import traceback  # noqa: F401  (describe's, loaded while the host reads the ready frame)
-
     while True:
         with channel.lock:
             message = channel.receive()
@@ -370,9 +416,9 @@ class Supervisor:
         if len(frame) <= QUEUED_REQUEST_BYTES:
             # Queued while the child is still stopped, so SIGCONT wakes it once, to read it.
             self.write_to_child(frame)
-            signal_child(self.child_pid, signal.SIGCONT)
+            signal_child(self.child_pid, _signal.SIGCONT)
         else:  # it could fill the socket: a stopped child would never drain it
-            signal_child(self.child_pid, signal.SIGCONT)
+            signal_child(self.child_pid, _signal.SIGCONT)
             self.write_to_child(frame)
         while True:
             message = self.next_from_child()
@@ -403,7 +449,7 @@ class Supervisor:
                 # Threads the cell left running wait, stopped, for the next cell: between cells
                 # nothing of the sandbox runs, writes to the workspace or prints. Stopped first,
                 # so that no thread of it starts a process while the leftovers are killed.
-                signal_child(self.child_pid, signal.SIGSTOP)
+                signal_child(self.child_pid, _signal.SIGSTOP)
                 kill_leftovers(keep=self.child_pid)
                 self.host.send(result_of(message, request_id))
                 return
@@ -420,7 +466,7 @@ class Supervisor:
         """A child that is gone (a cell can end its own process) cannot take it: that is not our
         end. Its socket then reads as closed, and next_from_child says how the child ended."""
         assert self.child is not None
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             self.child.write(frame)
 
     def next_from_child(self) -> dict[str, Any] | str:
@@ -472,21 +518,23 @@ def end_child(pid: int) -> str:
             break
         select.select([], [], [], 0.05)
     else:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
+        with suppress(ProcessLookupError):
+            os.kill(pid, _signal.SIGKILL)
+        with suppress(ChildProcessError):
             os.waitpid(pid, 0)
         return "closed its channel and was killed"
     assert status is not None
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        hint = " (out of memory, or killed)" if number == signal.SIGKILL else ""
+        import signal  # its enum of names only for a death, which is rare
+
+        hint = " (out of memory, or killed)" if number == _signal.SIGKILL else ""
         return f"died by signal {signal.Signals(number).name}{hint}"
     return f"exited with status {os.WEXITSTATUS(status)}"
 
 
 def signal_child(pid: int, number: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    with suppress(ProcessLookupError):
         os.kill(pid, number)
 
 
@@ -508,7 +556,7 @@ def kill_leftovers(keep: int) -> None:
     double-forked daemon stays its descendant. Passes repeat until none is left alive: a process
     that forked between a scan and its kill leaves a child the next pass finds."""
     for _ in range(KILL_PASSES):
-        with contextlib.suppress(ChildProcessError):
+        with suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
         if not others_than(keep):
@@ -517,8 +565,8 @@ def kill_leftovers(keep: int) -> None:
         if not alive:
             return
         for pid in alive:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+            with suppress(OSError):
+                os.kill(pid, _signal.SIGKILL)
 
 
 def runs(pid: int) -> bool:
@@ -548,11 +596,11 @@ def others_than(keep: int) -> bool:
 
 def descendants(root: int) -> set[int]:
     parents: dict[int, int] = {}
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 with (
-                    contextlib.suppress(OSError, IndexError, ValueError),
+                    suppress(OSError, IndexError, ValueError),
                     open(f"/proc/{entry}/stat", "rb") as stat,
                 ):
                     parents[int(entry)] = int(stat.read().rsplit(b")", 1)[1].split()[1])
@@ -581,7 +629,7 @@ def fatal(reason: str) -> NoReturn:
 def apply_limits(memory_mb: int, max_processes: int, max_file_mb: int) -> None:
     """Cap address space, processes and file size for this process and everything it starts."""
     # Oversized writes must fail with EFBIG in the cell, not kill the REPL with SIGXFSZ.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
     for limit, value in (
         (resource.RLIMIT_AS, memory_mb * 1024 * 1024),
         (resource.RLIMIT_FSIZE, max_file_mb * 1024 * 1024),
@@ -590,7 +638,7 @@ def apply_limits(memory_mb: int, max_processes: int, max_file_mb: int) -> None:
             lower(limit, value)
     if max_processes > 0:
         # Best effort: some hosts refuse it; the sandbox's pid namespace still bounds the tree.
-        with contextlib.suppress(OSError, ValueError):
+        with suppress(OSError, ValueError):
             lower(resource.RLIMIT_NPROC, max_processes)
 
 
