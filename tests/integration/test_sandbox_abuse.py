@@ -268,10 +268,11 @@ def test_values_nested_too_deep_are_refused_not_crashed_on(session: ReplSession)
     assert run(session, "print(len(deep))").stdout == "1\n"  # the interpreter's state is intact
 
 
-def test_a_forged_deep_frame_resets_the_interpreter(session: ReplSession) -> None:
-    forge = r"""
+def forge_frame(payload: str) -> str:
+    """A cell that writes `payload` (Python for a str) as a frame to every fd it may hold."""
+    return f"""
 import os, struct
-payload = ('{"op":"result","id":1,"final":{"answer":' + '[' * 5000 + ']' * 5000 + '}}').encode()
+payload = ({payload}).encode()
 frame = struct.pack(">I", len(payload)) + payload
 for fd in range(3, 64):
     try:
@@ -281,6 +282,10 @@ for fd in range(3, 64):
 import time
 time.sleep(5)
 """
+
+
+def test_a_forged_deep_frame_resets_the_interpreter(session: ReplSession) -> None:
+    forge = forge_frame("""'{"op":"result","id":1,"final":{"answer":' + '[' * 5000 + ']' * 5000 + '}}'""")
     result = run(session, forge)  # the supervisor cannot parse it: the channel counts as broken
     assert result.final is None and result.error is not None and result.error.type == "ReplReset"
     assert run(session, "print('after')").stdout == "after\n"
@@ -293,11 +298,35 @@ def test_an_interpreter_that_exits_is_replaced(session: ReplSession) -> None:
     assert run(session, "print('again')").stdout == "again\n"
 
 
-def test_an_interpreter_killed_by_a_signal_is_named_and_replaced(session: ReplSession) -> None:
-    result = run(session, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+@pytest.mark.parametrize(("number", "named"), [(signal.SIGSEGV, "SIGSEGV"), (signal.SIGRTMIN + 6, "")])
+def test_an_interpreter_killed_by_a_signal_is_named_and_replaced(
+    session: ReplSession, number: int, named: str
+) -> None:
+    # A real-time signal has no name in the signal enum: the supervisor must not die on it.
+    result = run(session, f"import os\nos.kill(os.getpid(), {int(number)})")
     assert result.error is not None and result.error.type == "ReplReset"
-    assert "died by signal SIGSEGV" in result.error.message
+    assert f"died by signal {named or int(number)}" in result.error.message
     assert run(session, "print('again')").stdout == "again\n"
+
+
+@pytest.mark.parametrize("payload", ['"abc', "[1 2]", '{"a" 1}', '"\\x"', "", '{"op": "result"} trailing'])
+def test_a_malformed_frame_from_a_cell_resets_the_interpreter(session: ReplSession, payload: str) -> None:
+    # The supervisor reads the interpreter's frames with the C JSON scanner, json not loaded:
+    # every malformed frame must read as a broken channel, never kill the supervisor.
+    result = run(session, forge_frame(repr(payload)))
+    assert result.final is None and result.error is not None and result.error.type == "ReplReset"
+    assert run(session, "print('after')").stdout == "after\n"
+
+
+def test_the_first_failure_of_a_cell_out_of_memory_keeps_the_repl(
+    open_session: Callable[..., ReplSession],
+) -> None:
+    # The traceback formatter is loaded by the first failing cell; with no memory left to load
+    # it, the error still comes back as the cell's, and the REPL's state stays.
+    session = open_session(memory_mb=160)
+    result = run(session, "x = []\nwhile True:\n    x.append(bytearray(64 * 1024))")
+    assert result.error is not None and result.error.type == "MemoryError", result.error
+    assert run(session, "print(len(x) > 10)").stdout == "True\n"
 
 
 def test_lone_surrogates_in_output_do_not_break_anything(session: ReplSession) -> None:

@@ -95,8 +95,13 @@ def decode_json(text: str) -> Any:
     text = text.strip(JSON_WHITESPACE)
     try:
         value, end = SCAN_JSON(text, 0)
-    except StopIteration:  # what the scanner raises when no value starts here
-        raise ValueError("no JSON value") from None
+    except RecursionError:
+        raise
+    except Exception:
+        # StopIteration where no value starts; for a malformed one, the scanner raises the error
+        # class of json.decoder, and CPython 3.11's finds it only if json is loaded (it is not
+        # here: a SystemError then). Either way the frame is unreadable.
+        raise ValueError("malformed JSON") from None
     if end != len(text):
         raise ValueError("extra data after the JSON value")
     return value
@@ -154,7 +159,7 @@ class Channel:
             return None, b""
         try:
             message = decode_json(payload.decode("utf-8"))
-        except (ValueError, RecursionError):
+        except Exception:  # malformed, too deep, or too big to hold: the frame is unreadable
             return None, b""
         if not isinstance(message, dict):
             return None, b""
@@ -271,6 +276,18 @@ def make_submit(output_fields: list[str] | None) -> Any:
 
 def describe(exc: BaseException, compiled: types.CodeType | None, code: str) -> dict[str, str]:
     """Type, message and a traceback of the cell's own frames (driver frames left out)."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<unprintable {type(exc).__name__}>"
+    try:
+        text = cell_traceback(exc, compiled, code)
+    except BaseException:  # no memory left to load or run the formatter (the cell hit its limit)
+        text = f"{type(exc).__name__}: {message}\n"
+    return {"type": type(exc).__name__, "message": message, "traceback": text}
+
+
+def cell_traceback(exc: BaseException, compiled: types.CodeType | None, code: str) -> str:
     import traceback  # here, not at start: a REPL whose cells never fail never pays for it
 
     cell_codes = nested_codes(compiled) if compiled is not None else set()
@@ -293,12 +310,7 @@ def describe(exc: BaseException, compiled: types.CodeType | None, code: str) -> 
     if frames:
         text = "Traceback (most recent call last):\n"
         text += "".join(traceback.StackSummary.from_list(frames).format())
-    text += "".join(traceback.format_exception_only(type(exc), exc))
-    try:
-        message = str(exc)
-    except Exception:
-        message = f"<unprintable {type(exc).__name__}>"
-    return {"type": type(exc).__name__, "message": message, "traceback": text}
+    return text + "".join(traceback.format_exception_only(type(exc), exc))
 
 
 def nested_codes(code: types.CodeType) -> set[types.CodeType]:
@@ -526,11 +538,18 @@ def end_child(pid: int) -> str:
     assert status is not None
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        import signal  # its enum of names only for a death, which is rare
-
         hint = " (out of memory, or killed)" if number == _signal.SIGKILL else ""
-        return f"died by signal {signal.Signals(number).name}{hint}"
+        return f"died by signal {signal_name(number)}{hint}"
     return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def signal_name(number: int) -> str:
+    import signal  # its enum of names only for a death, which is rare
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # real-time signals have no name of their own
+        return str(number)
 
 
 def signal_child(pid: int, number: int) -> None:
