@@ -95,12 +95,10 @@ def decode_json(text: str) -> Any:
     text = text.strip(JSON_WHITESPACE)
     try:
         value, end = SCAN_JSON(text, 0)
-    except RecursionError:
-        raise
     except Exception:
         # StopIteration where no value starts; for a malformed one, the scanner raises the error
         # class of json.decoder, and CPython 3.11's finds it only if json is loaded (it is not
-        # here: a SystemError then). Either way the frame is unreadable.
+        # here: a SystemError then); a RecursionError for one nested too deep. All: unreadable.
         raise ValueError("malformed JSON") from None
     if end != len(text):
         raise ValueError("extra data after the JSON value")
