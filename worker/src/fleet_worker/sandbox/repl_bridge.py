@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import base64
 import os
+import select
 import subprocess
 import sys
 import threading
 
 CHUNK = 48 * 1024
+PIPE_MAX_BYTES = 1024 * 1024  # the largest pipe buffer an unprivileged process can ask for
 
 
 def main() -> int:
@@ -37,14 +39,34 @@ def main() -> int:
         bufsize=0,
     )
     os.close(write_output)
-    lock = threading.Lock()
 
-    def emit(kind: bytes, fd: int) -> None:
-        while data := os.read(fd, CHUNK):
-            line = kind + b" " + base64.b64encode(data) + b"\n"
-            with lock:
-                sys.stdout.buffer.write(line)
-                sys.stdout.buffer.flush()
+    def emit(kind: bytes, data: bytes) -> None:
+        sys.stdout.buffer.write(kind + b" " + base64.b64encode(data) + b"\n")
+        sys.stdout.buffer.flush()
+
+    def pump(frames: int, output: int) -> None:
+        """Frames and output on one stream, in the order the REPL wrote them: a cell's output is
+        in its pipe before its result frame exists, so every frame waits for what the output pipe
+        holds to go first (the host reads a result, then the output it holds)."""
+        open_fds = [frames, output]
+        while open_fds:
+            ready, _, _ = select.select(open_fds, [], [])
+            if frames in ready:
+                # At most what a pipe can hold: output that never stops must not starve frames.
+                budget = PIPE_MAX_BYTES
+                while budget > 0 and output in open_fds and select.select([output], [], [], 0)[0]:
+                    budget -= forward(b"O", output, open_fds)
+                forward(b"F", frames, open_fds)
+            elif output in ready:
+                forward(b"O", output, open_fds)
+
+    def forward(kind: bytes, fd: int, open_fds: list[int]) -> int:
+        data = os.read(fd, CHUNK)
+        if data:
+            emit(kind, data)
+        else:
+            open_fds.remove(fd)
+        return max(len(data), 1)
 
     assert repl.stdout is not None and repl.stdin is not None
     stdin = repl.stdin
@@ -60,16 +82,11 @@ def main() -> int:
         finally:
             stdin.close()
 
-    threads = [
-        threading.Thread(target=emit, args=(b"F", repl.stdout.fileno()), daemon=True),
-        threading.Thread(target=emit, args=(b"O", read_output), daemon=True),
-    ]
-    for thread in threads:
-        thread.start()
+    pumping = threading.Thread(target=pump, args=(repl.stdout.fileno(), read_output), daemon=True)
+    pumping.start()
     threading.Thread(target=feed, daemon=True).start()
     code = repl.wait()  # stdin may never close (a session command's): end with the REPL
-    for thread in threads:
-        thread.join(timeout=2)
+    pumping.join(timeout=2)
     return code
 
 
