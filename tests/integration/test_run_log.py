@@ -6,7 +6,7 @@ import redis.asyncio as aioredis
 
 from fleet_shared import redis_keys
 from fleet_shared.event_log import Appended, LeaseCheck, RunLog, lease_token, read_all_after
-from fleet_shared.events import Reasoning
+from fleet_shared.events import Reasoning, decode_event
 from fleet_shared.ids import new_id
 
 TTL = 60_000
@@ -60,3 +60,39 @@ async def test_renewal_reports_the_lease_and_the_cancel_flag(redis_client: aiore
     assert await runlog.renew_lease(run_id, lease_token(1, "w2"), TTL) is LeaseCheck.TAKEN
     await redis_client.set(redis_keys.run_cancel(run_id), "1")
     assert await runlog.renew_lease(run_id, holder, TTL) is LeaseCheck.CANCEL_REQUESTED
+
+
+async def test_a_batch_is_logged_and_announced_event_by_event(redis_client: aioredis.Redis) -> None:
+    runlog, run_id = RunLog(redis_client), new_id()
+    holder = lease_token(1, "w1")
+    assert await runlog.take_lease(run_id, holder, TTL)
+    pubsub = redis_client.pubsub()
+    await pubsub.subscribe(runlog.channel)
+    assert (await pubsub.get_message(timeout=5))["type"] == "subscribe"  # type: ignore[index]
+    result, sent = await runlog.append_batch([event(run_id, seq) for seq in (1, 2, 3)], holder)
+    assert (result, sent) == ((Appended.APPENDED, 3), 3)
+    announced = [await pubsub.get_message(timeout=5) for _ in range(3)]
+    assert [decode_event(m["data"]).seq for m in announced if m] == [1, 2, 3]
+    await pubsub.aclose()
+    # Overlapping the log's end: what it holds is skipped, the rest written once.
+    result, sent = await runlog.append_batch([event(run_id, seq) for seq in (2, 3, 4, 5)], holder)
+    assert (result, sent) == ((Appended.APPENDED, 5), 4)
+    result, _ = await runlog.append_batch([event(run_id, seq) for seq in (4, 5)], holder)
+    assert result == (Appended.DUPLICATE, 5)
+    # Past the end: a gap, and nothing written; from another writer: fenced.
+    assert (await runlog.append_batch([event(run_id, 7), event(run_id, 8)], holder))[0] == (Appended.GAP, 5)
+    fenced, _ = await runlog.append_batch([event(run_id, 6)], lease_token(1, "w2"))
+    assert fenced.status is Appended.FENCED
+    assert [e.seq for e in await read_all_after(redis_client, run_id, 0)] == [1, 2, 3, 4, 5]
+
+
+async def test_a_batch_stops_at_its_byte_budget_but_always_sends_one(redis_client: aioredis.Redis) -> None:
+    runlog, run_id = RunLog(redis_client), new_id()
+    holder = lease_token(1, "w1")
+    assert await runlog.take_lease(run_id, holder, TTL)
+    big = [Reasoning(run_id=run_id, seq=seq, part_id=f"r{seq}", text="x" * 40_000) for seq in range(1, 5)]
+    result, sent = await runlog.append_batch(big, holder, max_bytes=100_000)
+    assert (result, sent) == ((Appended.APPENDED, 2), 2)
+    result, sent = await runlog.append_batch(big[2:], holder, max_bytes=1_000)
+    assert (result, sent) == ((Appended.APPENDED, 3), 1)
+    assert [e.seq for e in await read_all_after(redis_client, run_id, 0)] == [1, 2, 3]

@@ -4,6 +4,7 @@ notify, and the lease that fences who may write. Every write that needs a check 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -16,6 +17,10 @@ from fleet_shared.events import RunEvent, decode_event, encode_event
 
 FIELD = b"e"
 READ_BATCH = 500
+# One append round trip carries at most this many events and (past its first) bytes of payload:
+# a Turn's burst of steps goes in one call, and no call holds Redis for long.
+APPEND_BATCH_EVENTS = 64
+APPEND_BATCH_BYTES = 256 * 1024
 log = structlog.get_logger(__name__)
 
 
@@ -59,21 +64,32 @@ class LeaseCheck(IntEnum):
     CANCEL_REQUESTED = 2  # held, and a client asked to cancel the Run
 
 
-# KEYS: log, lease. ARGV: seq, payload, log ttl, channel, token.
-# Log, then announce, atomically, and only for the lease holder and only the next seq: a late
-# writer or a duplicate can never put an event on the wire, and a gap is reported, not written.
+# KEYS: log, lease. ARGV: log ttl, channel, token, then seq and payload for each event (in seq
+# order, consecutive). Log, then announce, atomically, and only for the lease holder and only from
+# the next seq: a late writer or a duplicate can never put an event on the wire, and a gap is
+# reported, not written. Events the log already holds are skipped; one batch is one round trip.
 APPEND_SCRIPT = """
-if redis.call('GET', KEYS[2]) ~= ARGV[5] then return {-1, 0} end
+if redis.call('GET', KEYS[2]) ~= ARGV[3] then return {-1, 0} end
 local last = 0
 local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #tail > 0 then last = tonumber(string.match(tail[1][1], '^(%d+)')) end
-local seq = tonumber(ARGV[1])
-if seq <= last then return {0, last} end
-if seq > last + 1 then return {2, last} end
-redis.call('XADD', KEYS[1], ARGV[1] .. '-0', 'e', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('PUBLISH', ARGV[4], ARGV[2])
-return {1, seq}
+local written = 0
+for i = 4, #ARGV, 2 do
+  local seq = tonumber(ARGV[i])
+  if seq > last + 1 then
+    if written > 0 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+    return {2, last}
+  end
+  if seq == last + 1 then
+    redis.call('XADD', KEYS[1], ARGV[i] .. '-0', 'e', ARGV[i + 1])
+    redis.call('PUBLISH', ARGV[2], ARGV[i + 1])
+    last = seq
+    written = written + 1
+  end
+end
+if written == 0 then return {0, last} end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return {1, last}
 """
 
 # KEYS: lease, cancel flag. ARGV: token, ttl ms.
@@ -126,16 +142,27 @@ class RunLog:
 
     async def append(self, event: RunEvent, token: str) -> AppendResult:
         """Log and announce the event, if `token` holds the Run's lease and seq is the next one."""
-        keys = [redis_keys.run_events(event.run_id), redis_keys.run_lease(event.run_id)]
-        args: list[str | bytes | int] = [
-            event.seq,
-            encode_event(event),
-            redis_keys.EVENT_LOG_TTL_SECONDS,
-            self.channel,
-            token,
-        ]
+        return (await self.append_batch([event], token, max_bytes=0))[0]
+
+    async def append_batch(
+        self, events: Sequence[RunEvent], token: str, *, max_bytes: int = APPEND_BATCH_BYTES
+    ) -> tuple[AppendResult, int]:
+        """Log and announce a leading run of `events` (one Run's, consecutive seqs) in one round
+        trip: as many as fit in `max_bytes` of payload, at least one. Returns the result and how
+        many were sent. APPENDED: each sent event is now logged (some may have been already);
+        DUPLICATE: all were; GAP: none was written, the log ends before the first."""
+        first = events[0]
+        keys = [redis_keys.run_events(first.run_id), redis_keys.run_lease(first.run_id)]
+        args: list[str | bytes | int] = [redis_keys.EVENT_LOG_TTL_SECONDS, self.channel, token]
+        size = 0
+        for event in events[:APPEND_BATCH_EVENTS]:
+            payload = encode_event(event)
+            size += len(payload)
+            if len(args) > 3 and size > max_bytes:
+                break
+            args += [event.seq, payload]
         status, last = await self.append_script(keys, args)
-        return AppendResult(Appended(int(status)), int(last))
+        return AppendResult(Appended(int(status)), int(last)), (len(args) - 3) // 2
 
     async def take_lease(self, run_id: str, token: str, ttl_ms: int) -> bool:
         """Take the lease unless a later (or the same) attempt of another owner holds it or ever

@@ -16,7 +16,7 @@ import structlog
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
-from fleet_shared.event_log import Appended, RunLog
+from fleet_shared.event_log import APPEND_BATCH_EVENTS, Appended, RunLog
 from fleet_shared.events import (
     CellOutput,
     CodeCell,
@@ -146,7 +146,11 @@ class EventSink:
                 return
 
     async def publish_next(self) -> None:
-        result = await self.runlog.append(self.events[self.published], self.lease.token)
+        """Append what is waiting, from the first unpublished event, in one round trip: the events
+        a step emits together (or that piled up during the last append) travel as one batch."""
+        end = min(self.publishable(), self.published + APPEND_BATCH_EVENTS)
+        waiting = self.events[self.published : end]
+        result, sent = await self.runlog.append_batch(waiting, self.lease.token)
         if result.status is Appended.GAP:
             self.published = min(result.last_seq, self.published)  # refill from the log's end
         elif result.status is Appended.FENCED:
@@ -155,7 +159,7 @@ class EventSink:
                 self.fenced = True
                 log.warning("events.fenced_out", seq=self.events[self.published].seq)
         else:
-            self.published += 1
+            self.published += sent
 
     async def close(self) -> None:
         if not self.task.done():
