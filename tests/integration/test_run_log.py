@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import redis.asyncio as aioredis
 
 from fleet_shared import redis_keys
@@ -81,6 +82,8 @@ async def test_a_batch_is_logged_and_announced_event_by_event(redis_client: aior
     assert result == (Appended.DUPLICATE, 5)
     # Past the end: a gap, and nothing written; from another writer: fenced.
     assert (await runlog.append_batch([event(run_id, 7), event(run_id, 8)], holder))[0] == (Appended.GAP, 5)
+    with pytest.raises(ValueError, match="consecutive"):  # a hole inside: refused before Redis
+        await runlog.append_batch([event(run_id, 6), event(run_id, 8)], holder)
     fenced, _ = await runlog.append_batch([event(run_id, 6)], lease_token(1, "w2"))
     assert fenced.status is Appended.FENCED
     assert [e.seq for e in await read_all_after(redis_client, run_id, 0)] == [1, 2, 3, 4, 5]

@@ -152,6 +152,8 @@ class RunLog:
         many were sent. APPENDED: each sent event is now logged (some may have been already);
         DUPLICATE: all were; GAP: none was written, the log ends before the first."""
         first = events[0]
+        if any(event.seq != first.seq + index for index, event in enumerate(events)):
+            raise ValueError("a batch of events must have consecutive seqs")  # the script's gap check
         keys = [redis_keys.run_events(first.run_id), redis_keys.run_lease(first.run_id)]
         args: list[str | bytes | int] = [redis_keys.EVENT_LOG_TTL_SECONDS, self.channel, token]
         size = 0

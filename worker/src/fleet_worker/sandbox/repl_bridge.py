@@ -46,24 +46,28 @@ def main() -> int:
 
     def pump(frames: int, output: int) -> None:
         """Frames and output on one stream, in the order the REPL wrote them: a cell's output is
-        in its pipe before its result frame exists, so every frame waits for what the output pipe
-        holds to go first (the host reads a result, then the output it holds)."""
+        in its pipe before its result frame exists, so frame bytes, once read, wait for what the
+        output pipe holds then to go first (the host reads a result, then the output it holds)."""
         open_fds = [frames, output]
         while open_fds:
             ready, _, _ = select.select(open_fds, [], [])
-            if frames in ready:
-                # At most what a pipe can hold: output that never stops must not starve frames.
-                budget = PIPE_MAX_BYTES
-                while budget > 0 and output in open_fds and select.select([output], [], [], 0)[0]:
-                    budget -= forward(b"O", output, open_fds)
-                forward(b"F", frames, open_fds)
-            elif output in ready:
-                forward(b"O", output, open_fds)
+            if frames not in ready:
+                forward_output(output, open_fds)
+                continue
+            data = os.read(frames, CHUNK)
+            # At most what a pipe can hold: output that never stops must not starve frames.
+            budget = PIPE_MAX_BYTES
+            while budget > 0 and output in open_fds and select.select([output], [], [], 0)[0]:
+                budget -= forward_output(output, open_fds)
+            if data:
+                emit(b"F", data)
+            else:
+                open_fds.remove(frames)
 
-    def forward(kind: bytes, fd: int, open_fds: list[int]) -> int:
+    def forward_output(fd: int, open_fds: list[int]) -> int:
         data = os.read(fd, CHUNK)
         if data:
-            emit(kind, data)
+            emit(b"O", data)
         else:
             open_fds.remove(fd)
         return max(len(data), 1)

@@ -702,8 +702,8 @@ def main() -> int:
     try:
         prctl(PR_SET_DUMPABLE, 0)  # /proc/<this pid>/fd is closed to every other process
         prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a cell become ours, to be killed
-    except (OSError, ImportError) as exc:
-        fatal(f"cannot secure the supervisor: {exc}")
+    except Exception as exc:  # OSError, or a _ctypes that changed: never run unsecured
+        fatal(f"cannot secure the supervisor: {type(exc).__name__}: {exc}")
     apply_limits(options["--memory-mb"], options["--max-processes"], options["--max-file-mb"])
     host = Channel(frame_in, frame_out)
     supervisor = Supervisor(host, output_fd)
