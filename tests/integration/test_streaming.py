@@ -7,9 +7,11 @@ writes them (Stream log + pub/sub), and the DB is real SQLite/PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -262,3 +264,30 @@ async def test_an_event_this_gateway_cannot_decode_is_skipped(
     types = [c["type"] for c in chunks(frames)]
     assert types[-1] == "finish" and "text-delta" in types
     assert frames[-1] == b"data: [DONE]\n\n"
+
+
+async def test_a_run_this_request_created_streams_without_asking_the_db(
+    deps: StreamDeps, redis_client: aioredis.Redis
+) -> None:
+    # A stream checks the DB first in case its Run ended with no log (Redis lost it); a Run the
+    # POST itself just created cannot have, so its stream skips that lookup on every Turn.
+    opened: list[str] = []
+    factory = deps.sessions
+
+    def counting_sessions() -> Any:
+        opened.append("session")
+        return factory()
+
+    counting = dataclasses.replace(deps, sessions=counting_sessions)  # type: ignore[arg-type]
+    for fresh, expected in ((True, []), (False, ["session"])):
+        run_id = new_id()
+        events = body(run_id)
+        await log_event(redis_client, events[0])
+        opened.clear()
+        stream = stream_run(counting, run_view(run_id), delivery="live", fresh=fresh)
+        first = [await anext(stream) for _ in range(2)]  # start, then the logged status
+        for event in events[1:]:
+            await log_event(redis_client, event)
+        frames = first + await collect(stream)
+        assert frames[-1] == b"data: [DONE]\n\n"
+        assert opened == expected

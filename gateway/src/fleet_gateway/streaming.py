@@ -103,9 +103,11 @@ async def stream_run(
     delivery: Delivery,
     idempotent_replay: bool = False,
     from_db: bool = False,
+    fresh: bool = False,
     after: Position = START,
 ) -> AsyncIterator[bytes]:
-    """The whole SSE body. `from_db` streams a settled Run from its committed events only."""
+    """The whole SSE body. `from_db` streams a settled Run from its committed events only;
+    `fresh`: this request created the Run, so it cannot have ended before the stream opened."""
     state = StreamState(run.id, run.session_id, idempotent_replay=idempotent_replay)
     cursor = Cursor(after)
     ACTIVE_STREAMS.inc()
@@ -114,7 +116,9 @@ async def stream_run(
             start_chunk(state, created_at=iso(run.created_at), delivery=delivery, model=run.model)
         )
         source = (
-            replay_from_db(deps, run, state, cursor) if from_db else follow_live(deps, run, state, cursor)
+            replay_from_db(deps, run, state, cursor)
+            if from_db
+            else follow_live(deps, run, state, cursor, ended_before=not fresh)
         )
         try:
             async for data in source:
@@ -165,15 +169,18 @@ async def replay_from_db(
 
 
 async def follow_live(
-    deps: StreamDeps, run: RunView, state: StreamState, cursor: Cursor
+    deps: StreamDeps, run: RunView, state: StreamState, cursor: Cursor, *, ended_before: bool = True
 ) -> AsyncIterator[bytes]:
-    """Log first, then live notices; the log again after any gap, resync or Redis fault."""
+    """Log first, then live notices; the log again after any gap, resync or Redis fault.
+    `ended_before`: the Run may have ended before the stream opened, so ask the DB at once (a
+    Run this request just created cannot have: one lookup less on every Turn's first write)."""
     loop = asyncio.get_running_loop()
     # Jitter: streams opened together (after a deploy) do not all reconnect at the same moment.
     deadline = loop.time() + deps.max_seconds * random.uniform(0.9, 1.0)
     last_sent = loop.time()
     faults = beats = 0
-    read_log = check_db = True  # the DB: a Run may have ended without (more) log, e.g. Redis lost it
+    read_log = True
+    check_db = ended_before  # the DB: a Run may have ended without (more) log, e.g. Redis lost it
     # Subscribe before reading the log: an event published in between is then in one or both.
     async with deps.fanout.subscribe(run.id) as inbox:
         while not state.finished:

@@ -168,6 +168,7 @@ class TurnController(Controller):
             delivery="replay" if settled and not outcome.created else "live",
             idempotent_replay=not outcome.created,
             from_db=settled,
+            fresh=outcome.created,
         )
         return Stream(
             body,
