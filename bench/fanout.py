@@ -24,12 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import relay
+from bench import fanout_floor, relay
 from bench import stack as fleet_stack
 from bench.harness import REPO, Receipt, goal, summary
 
 DEFAULT_STREAMS = (100, 500, 1000, 2000, 5000)
 QUICK_STREAMS = (50, 200)
+# The three servers of a level, in an order that rotates level by level.
+ROTATIONS = (("gateway", "asgi_floor", "relay"), ("asgi_floor", "relay", "gateway"),
+             ("relay", "gateway", "asgi_floor"))  # fmt: skip
 STREAMS_PER_CLIENT = 1000  # receivers per client process (they share the 2 cores with the gateway)
 
 
@@ -196,7 +199,7 @@ def write_floor(streams: int, events: int, interval: float) -> float | None:
     return float(json.loads(done.stdout)["cpu_us_per_send"])
 
 
-def serial_note(by_n: dict[int, dict[str, Any]]) -> list[str]:
+def serial_note(by_n: dict[int, dict[str, Any]], floored: dict[int, dict[str, Any]]) -> list[str]:
     """Why p99 at 2,000 streams stays far above a raw subscriber's: the serial fan-out floor."""
     at_2000 = by_n.get(2000)
     if at_2000 is None or at_2000["serial_fanout_ms"] is None or not at_2000["raw"].get("n"):
@@ -210,6 +213,17 @@ def serial_note(by_n: dict[int, dict[str, Any]]) -> list[str]:
         f"under {round(allowed_ms / 2000 * 1000, 3)} µs per delivery in one process. Streams spread "
         "over gateway processes (Granian workers, replicas) divide the spread",
         *floor_line(at_2000, allowed_ms),
+        *asgi_floor_line(floored.get(2000)),
+    ]
+
+
+def asgi_floor_line(floor: dict[str, Any] | None) -> list[str]:
+    if floor is None or floor["ratio_p99"] is None:
+        return []
+    return [
+        f"p99_at_2000: the bare ASGI server on Granian (bench/fanout_floor.py, no framework) reached "
+        f"{floor['ratio_p99']} x raw at 2,000 streams in the same run (p99 {floor['sse']['p99_ms']} "
+        f"ms, {floor['cpu_us_per_delivery']} µs of CPU per delivery)"
     ]
 
 
@@ -226,14 +240,15 @@ def floor_line(at_2000: dict[str, Any], allowed_ms: float) -> list[str]:
 
 
 def floor_note(results: list[dict[str, Any]]) -> str:
-    """The same run's write floor beside the gateway's CPU, level by level."""
-    pairs = [f"{r['streams']}: {r['cpu_us_per_delivery']} vs {r['write_floor_us']}" for r in results
-             if r["write_floor_us"] is not None]  # fmt: skip
-    if not pairs:
+    """The same run's floors beside the gateway's CPU, level by level."""
+    rows = [f"{r['streams']}: {r['cpu_us_per_delivery']} vs {r.get('asgi_floor_us')} vs {r['write_floor_us']}"
+            for r in results]  # fmt: skip
+    if not rows:
         return ""
     return (
-        "gateway µs per delivery vs a bare loopback send's (write_floor_us, one send per stream "
-        "per event, no HTTP, no Python server): " + "; ".join(pairs)
+        "gateway µs per delivery vs the bare ASGI server's on Granian (asgi_floor_us, "
+        "bench/fanout_floor.py: no framework, one task wake-up and one send per stream per event) vs "
+        "a bare loopback send's (write_floor_us, no HTTP, no Python server), by level: " + "; ".join(rows)
     )
 
 
@@ -242,6 +257,54 @@ def relay_ratio(fleet: dict[str, Any], relay: dict[str, Any] | None) -> float | 
     if relay is None or not fleet["deliveries_per_cpu_s"] or not relay["deliveries_per_cpu_s"]:
         return None
     return round(float(fleet["deliveries_per_cpu_s"]) / float(relay["deliveries_per_cpu_s"]), 3)
+
+
+def measure_levels(
+    levels: tuple[int, ...], *, events: int, interval: float, hold: float, with_relay: bool
+) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
+    """Each level on the gateway, the bare ASGI floor and (`with_relay`) the relay: the gateway's
+    results, and the others' by stream count."""
+    from fleet_shared.redis_keys import events_channel
+
+    results: list[dict[str, Any]] = []
+    relayed: dict[int, dict[str, Any]] = {}
+    floored: dict[int, dict[str, Any]] = {}
+    with fleet_stack.stack(heartbeat_seconds=60) as st:
+        st.start_redis()
+        st.migrate()
+        st.start_gateway()
+        st.wait_ready(need_worker=False)
+        assert st.gateway is not None
+        gateway = Server("gateway", st.port, st.gateway.pid, lambda run: f"/api/runs/{run}/stream")
+        floor_port = fleet_stack.free_port()
+        floor_proc = fanout_floor.start(
+            st.redis_url, events_channel(0), floor_port, REPO, st.root / "logs" / "fanout-floor.log"
+        )
+        floor_server = Server("asgi_floor", floor_port, floor_proc.pid, lambda run: f"/runs/{run}/stream")
+        relay_proc = None
+        if with_relay:
+            port = fleet_stack.free_port()
+            relay_proc = relay.start(
+                st.redis_url, events_channel(0), port, REPO, st.root / "logs" / "relay.log"
+            )
+        try:
+            measure = functools.partial(one_level, events=events, interval=interval, hold=hold)
+            for index, streams_n in enumerate(levels):
+                # The servers take turns, the order rotating by level, so drift hits them all.
+                order = ROTATIONS[index % len(ROTATIONS)]
+                for name in order:
+                    if name == "gateway":
+                        results.append(measure(st, gateway, streams_n))
+                    elif name == "asgi_floor":
+                        floored[streams_n] = measure(st, floor_server, streams_n)
+                    elif relay_proc is not None:
+                        server = Server("relay", port, relay_proc.pid, lambda run: f"/runs/{run}/stream")
+                        relayed[streams_n] = measure(st, server, streams_n)
+        finally:
+            fleet_stack.stop_group(floor_proc)
+            if relay_proc is not None:
+                fleet_stack.stop_group(relay_proc)
+    return results, relayed, floored
 
 
 def run(
@@ -263,43 +326,28 @@ def run(
         receipt.notes.append(f"relay baseline skipped: {missing}")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the servers inherit it
-    results: list[dict[str, Any]] = []
-    relayed: dict[int, dict[str, Any]] = {}
-    with fleet_stack.stack(heartbeat_seconds=60) as st:
-        st.start_redis()
-        st.migrate()
-        st.start_gateway()
-        st.wait_ready(need_worker=False)
-        assert st.gateway is not None
-        gateway = Server("gateway", st.port, st.gateway.pid, lambda run: f"/api/runs/{run}/stream")
-        relay_proc = None
-        if not missing:
-            from fleet_shared.redis_keys import events_channel
-
-            port = fleet_stack.free_port()
-            relay_proc = relay.start(
-                st.redis_url, events_channel(0), port, REPO, st.root / "logs" / "relay.log"
-            )
-        try:
-            measure = functools.partial(one_level, events=events, interval=interval, hold=hold)
-            for index, streams_n in enumerate(levels):
-                # The two servers take turns, first one then the other, so drift hits both.
-                order = ["gateway", "relay"] if index % 2 == 0 else ["relay", "gateway"]
-                for name in order:
-                    if name == "gateway":
-                        results.append(measure(st, gateway, streams_n))
-                    elif relay_proc is not None:
-                        server = Server("relay", port, relay_proc.pid, lambda run: f"/runs/{run}/stream")
-                        relayed[streams_n] = measure(st, server, streams_n)
-        finally:
-            if relay_proc is not None:
-                fleet_stack.stop_group(relay_proc)
-    receipt.figures = {"levels": results, "relay_levels": list(relayed.values())}
+    results, relayed, floored = measure_levels(
+        levels, events=events, interval=interval, hold=hold, with_relay=not missing
+    )
+    for r in results:
+        floor = floored.get(r["streams"])
+        r["asgi_floor_us"] = floor["cpu_us_per_delivery"] if floor else None
+        r["cpu_vs_asgi_floor"] = (
+            round(r["cpu_us_per_delivery"] / r["asgi_floor_us"], 3)
+            if r["cpu_us_per_delivery"] and r["asgi_floor_us"] else None
+        )  # fmt: skip
+    receipt.figures = {
+        "levels": results,
+        "relay_levels": list(relayed.values()),
+        "asgi_floor_levels": list(floored.values()),
+    }
     receipt.ratios = {f"p99_vs_raw@{r['streams']}": r["ratio_p99"] for r in results}
     for r in results:
         ratio = relay_ratio(r, relayed.get(r["streams"]))
         if ratio is not None:
             receipt.ratios[f"throughput_vs_relay@{r['streams']}"] = ratio
+        if r["cpu_vs_asgi_floor"] is not None:
+            receipt.ratios[f"cpu_vs_asgi_floor@{r['streams']}"] = r["cpu_vs_asgi_floor"]
     by_n = {r["streams"]: r for r in results}
     biggest = max(levels)
     at = 2000 if 2000 in relayed else max(relayed, default=None)
@@ -323,11 +371,13 @@ def run(
         "latency = receive time - publish time (CLOCK_MONOTONIC, shared by all processes); the receivers "
         "run on the same 2 cores as the server, so at high N part of the SSE latency is the clients' own"
     )
-    receipt.notes.extend(serial_note(by_n))
+    receipt.notes.extend(serial_note(by_n, floored))
     receipt.notes.append(
         "relay: bench/relay.py, FastAPI + sse-starlette on uvicorn, one process, one redis-py pub/sub "
-        "connection per stream; each level runs the gateway and the relay one after the other (order "
-        "alternating by level) on Runs of their own; throughput = delivered events per CPU-second of "
-        "the serving process, idle CPU subtracted"
+        "connection per stream; asgi_floor: bench/fanout_floor.py, a bare ASGI app on Granian set up as "
+        "the gateway is (one pub/sub connection per process, one future per stream); each level runs "
+        "the gateway, the floor and the relay one after the other (the order rotating by level) on Runs "
+        "of their own; throughput = delivered events per CPU-second of the serving process, idle CPU "
+        "subtracted"
     )
     return receipt.written()

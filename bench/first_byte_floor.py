@@ -12,7 +12,6 @@ trip, each event-loop wake-up).
 Run: `python -m bench.first_byte_floor --port P --redis URL --db PATH` (loopback only).
 """
 
-import argparse
 import asyncio
 import os
 import sqlite3
@@ -24,7 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bench.harness import start_baseline_server
+from bench.harness import baseline_args, start_baseline_module
 
 FRAME = b'data: {"type":"start"}\n\n'
 
@@ -66,19 +65,15 @@ def build_app() -> Any:
 
 def start(redis_url: str, db: Path, port: int, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
     """The floor app in its own process group, once it answers on `port`."""
-    argv = [sys.executable, "-m", "bench.first_byte_floor", "--port", str(port), "--redis", redis_url,
-            "--db", str(db)]  # fmt: skip
-    return start_baseline_server("first-byte floor app", argv, port, cwd, log)
+    return start_baseline_module(
+        "first-byte floor app", "bench.first_byte_floor", port, cwd, log, redis=redis_url, db=str(db)
+    )
 
 
 def main() -> int:
     from granian import Granian
 
-    parser = argparse.ArgumentParser(prog="bench.first_byte_floor")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--redis", required=True)
-    parser.add_argument("--db", required=True)
-    args = parser.parse_args()
+    args = baseline_args("bench.first_byte_floor", "redis", "db")
     os.environ["FLEET_BENCH_FLOOR_REDIS"], os.environ["FLEET_BENCH_FLOOR_DB"] = args.redis, args.db
     # As `fleet gateway` runs the gateway: one worker process, Granian's default loop (uvloop).
     Granian("bench.first_byte_floor:build_app", address="127.0.0.1", port=args.port, interface="asgi",  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -221,6 +222,25 @@ def latest_receipts(directory: Path | None = None) -> dict[str, tuple[Path, dict
         if lane not in found or key > found[lane][0]:
             found[lane] = (key, path, body)
     return {lane: (path, body) for lane, (_, path, body) in sorted(found.items())}
+
+
+def start_baseline_module(
+    name: str, module: str, port: int, cwd: Path, log: Path, **options: str
+) -> subprocess.Popen[bytes]:
+    """`python -m <module> --port <port> --<option> <value>…` as a baseline server."""
+    argv = [sys.executable, "-m", module, "--port", str(port)]
+    for option, value in options.items():
+        argv += [f"--{option}", value]
+    return start_baseline_server(name, argv, port, cwd, log)
+
+
+def baseline_args(prog: str, *options: str) -> argparse.Namespace:
+    """A baseline server's command line: `--port` and each of `options`, all required."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--port", type=int, required=True)
+    for option in options:
+        parser.add_argument(f"--{option}", required=True)
+    return parser.parse_args()
 
 
 def start_baseline_server(

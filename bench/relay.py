@@ -11,7 +11,6 @@ Run: `python -m bench.relay --port P --redis URL --channel CHANNEL` (loopback on
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bench.harness import start_baseline_server
+from bench.harness import baseline_args, start_baseline_module
 
 TERMINAL = {"run.completed", "run.failed", "run.cancelled"}
 
@@ -72,19 +71,13 @@ def available() -> str | None:
 
 def start(redis_url: str, channel: str, port: int, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
     """The relay in its own process group, once it answers on `port`."""
-    argv = [sys.executable, "-m", "bench.relay", "--port", str(port), "--redis", redis_url,
-            "--channel", channel]  # fmt: skip
-    return start_baseline_server("relay", argv, port, cwd, log)
+    return start_baseline_module("relay", "bench.relay", port, cwd, log, redis=redis_url, channel=channel)
 
 
 def main() -> int:
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="bench.relay")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--redis", required=True)
-    parser.add_argument("--channel", required=True)
-    args = parser.parse_args()
+    args = baseline_args("bench.relay", "redis", "channel")
     uvicorn.run(
         build_app(args.redis, args.channel),
         host="127.0.0.1",

@@ -117,7 +117,7 @@ def test_the_ab_comparison_needs_the_other_checkouts_venv(tmp_path: Path) -> Non
         ab.run(tmp_path, repeats=1, warmup=0)
 
 
-def test_the_fanout_lane_measures_streams_raw_pubsub_and_the_relay() -> None:
+def test_the_fanout_lane_measures_streams_raw_pubsub_the_relay_and_the_asgi_floor() -> None:
     body = fanout.run(quick=True, streams=(5,), events=5)
     assert_receipt(body, "fanout")
     (level,) = body["figures"]["levels"]
@@ -131,6 +131,12 @@ def test_the_fanout_lane_measures_streams_raw_pubsub_and_the_relay() -> None:
     (relayed,) = body["figures"]["relay_levels"]  # the FastAPI + sse-starlette baseline
     assert relayed["server"] == "relay"
     assert relayed["held"] == 5 and relayed["delivered"] == 25 and relayed["completed"] == 5
+    (floored,) = body["figures"]["asgi_floor_levels"]  # the bare ASGI server on Granian
+    assert floored["server"] == "asgi_floor"
+    assert floored["held"] == 5 and floored["delivered"] == 25 and floored["completed"] == 5
+    assert level["asgi_floor_us"] == floored["cpu_us_per_delivery"]
+    # At 25 deliveries either CPU figure may round to zero ticks: then there is no ratio.
+    assert body["ratios"].get("cpu_vs_asgi_floor@5") == level["cpu_vs_asgi_floor"]
 
 
 def test_the_scale_lane_compares_worker_counts() -> None:
@@ -182,14 +188,16 @@ def test_the_report_renders_the_latest_receipts(receipts_in_tmp: Path) -> None:
     assert png in written and png.read_bytes().startswith(b"\x89PNG")
 
 
-def test_the_fanout_notes_set_the_2000_stream_goal_against_the_write_floor() -> None:
+def test_the_fanout_notes_set_the_2000_stream_goal_against_the_floors() -> None:
     level = {"streams": 2000, "serial_fanout_ms": 22.6, "cpu_us_per_delivery": 11.3,
-             "raw": {"n": 50, "p99_ms": 4.0}, "write_floor_us": 7.5}  # fmt: skip
-    notes = fanout.serial_note({2000: level})
+             "raw": {"n": 50, "p99_ms": 4.0}, "write_floor_us": 7.5, "asgi_floor_us": 9.1}  # fmt: skip
+    floor = {"ratio_p99": 30.2, "sse": {"p99_ms": 120.8}, "cpu_us_per_delivery": 9.1}
+    notes = fanout.serial_note({2000: level}, {2000: floor})
     assert "under 3.0 µs per delivery" in notes[0]  # 1.5 x 4 ms over 2,000 deliveries
     assert "takes 15.0 ms, against the 6.0 ms" in notes[1]  # 7.5 µs x 2,000
-    assert fanout.floor_note([level]).endswith("2000: 11.3 vs 7.5")
-    assert fanout.serial_note({2000: {**level, "write_floor_us": None}})[1:] == []
+    assert "reached 30.2 x raw at 2,000 streams" in notes[2]
+    assert fanout.floor_note([level]).endswith("2000: 11.3 vs 9.1 vs 7.5")
+    assert fanout.serial_note({2000: {**level, "write_floor_us": None}}, {})[1:] == []
 
 
 def test_throughput_counts_each_turn_by_its_share_of_the_window() -> None:
