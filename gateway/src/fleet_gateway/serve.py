@@ -1,9 +1,10 @@
 """Granian's entry point: it imports `app` here in each gateway worker process."""
 
 from fleet_gateway.app import create_app
+from fleet_gateway.sse import with_direct_send
 from fleet_shared.config import load_settings
 from fleet_shared.logging import configure_logging
 
 settings = load_settings(lm_credentials=False)
 configure_logging(settings.profile.observability, process="gateway")
-app = create_app(settings)
+app = with_direct_send(create_app(settings))  # a Turn stream's chunks skip Litestar's send wrappers

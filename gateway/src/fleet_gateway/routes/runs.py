@@ -8,13 +8,13 @@ import structlog
 from litestar import Controller, Response, get, put
 from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter
-from litestar.response import Stream
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.cancellation import request_cancellation
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.frames import START, parse_last_event_id
 from fleet_gateway.schemas import CancellationOut, RunOut
+from fleet_gateway.sse import EventStream
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
 from fleet_shared.db import queries
@@ -56,7 +56,7 @@ class RunController(Controller):
         gw: NamedDependency[GatewayState],
         run_id: FromPath[str],
         last_event_id: LastEventId = None,
-    ) -> Stream | Response[None]:
+    ) -> EventStream | Response[None]:
         # No header, or an empty one (EventSource sends none before its first id): from the start.
         after = START if not (last_event_id or "").strip() else parse_last_event_id(last_event_id or "")
         if after is None:
@@ -70,7 +70,9 @@ class RunController(Controller):
         if settled and after.seq > run.last_seq:  # an active Run may still get there
             raise ApiError(422, "validation_error", "Last-Event-ID is past the end of this Run's stream")
         body = stream_run(gw.stream_deps, view, delivery="resume", from_db=settled, after=after)
-        return Stream(body, media_type="text/event-stream", headers={**SSE_HEADERS, "X-Fleet-Run-ID": run.id})
+        return EventStream(
+            body, media_type="text/event-stream", headers={**SSE_HEADERS, "X-Fleet-Run-ID": run.id}
+        )
 
     @put("/cancellation", status_code=200)
     async def cancel(

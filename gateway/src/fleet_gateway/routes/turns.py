@@ -11,13 +11,13 @@ from litestar import Controller, get, post
 from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter, JSONBody, QueryParameter
-from litestar.response import Stream
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
+from fleet_gateway.sse import EventStream
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
 from fleet_shared.db import files, queries, skills
@@ -121,7 +121,7 @@ class TurnController(Controller):
         session_id: FromPath[str],
         data: JSONBody[TurnRequest],
         idempotency_key: IdempotencyKey,
-    ) -> Stream:
+    ) -> EventStream:
         key = idempotency_key
         check_request(data, gw.settings.profile.gateway.limits.max_text_chars)
         # Plain strings from here on: a lost race rolls the DB session back, expiring ORM objects.
@@ -170,7 +170,7 @@ class TurnController(Controller):
             from_db=settled,
             fresh=outcome.created,
         )
-        return Stream(
+        return EventStream(
             body,
             media_type="text/event-stream",
             headers={**SSE_HEADERS, "X-Fleet-Run-ID": run.id, "Server-Timing": timing},
