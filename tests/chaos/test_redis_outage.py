@@ -45,7 +45,7 @@ def test_a_brief_redis_restart_loses_no_turn(
         time.sleep(0.05)
     waiting = next(run_id for run_id, status in statuses.items() if status == "queued")
 
-    chaos_redis.kill()  # everything in it is gone: leases, logs, the queue with the third job
+    chaos_redis.kill()  # everything in it is gone: leases, logs, the queue with the waiting job
     time.sleep(1)
     chaos_redis.start()
     restarted = time.monotonic()

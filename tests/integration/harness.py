@@ -143,3 +143,9 @@ def make_settings(
         profile, runtime=runtime, worker=worker, sandbox=sandbox, rlm=rlm_section, storage=storage_section
     )
     return msgspec.structs.replace(settings, profile=profile, data_dir=work_dir / ".fleet")
+
+
+async def script_calls(redis: aioredis.Redis) -> int:
+    """How many Lua script calls this Redis has served (INFO commandstats)."""
+    stats = await redis.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))

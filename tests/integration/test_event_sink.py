@@ -11,11 +11,7 @@ from fleet_shared.events import Reasoning, RunCompleted
 from fleet_shared.ids import new_id
 from fleet_worker.lease import RunLease
 from fleet_worker.publisher import EventSink
-
-
-async def script_calls(redis: aioredis.Redis) -> int:
-    stats = await redis.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+from tests.integration.harness import script_calls
 
 
 async def still_ours() -> bool:

@@ -9,6 +9,8 @@ from fleet_shared import redis_keys
 from fleet_shared.event_log import Appended, LeaseCheck, RunLog, lease_token, read_all_after
 from fleet_shared.events import Reasoning, decode_event
 from fleet_shared.ids import new_id
+from fleet_shared.recovery import append_from
+from tests.integration.harness import script_calls
 
 TTL = 60_000
 
@@ -99,3 +101,24 @@ async def test_a_batch_stops_at_its_byte_budget_but_always_sends_one(redis_clien
     result, sent = await runlog.append_batch(big[2:], holder, max_bytes=1_000)
     assert (result, sent) == ((Appended.APPENDED, 3), 1)
     assert [e.seq for e in await read_all_after(redis_client, run_id, 0)] == [1, 2, 3]
+
+
+async def test_a_refill_writes_what_the_log_lacks_in_one_round_trip(redis_client: aioredis.Redis) -> None:
+    # A sweeper refilling a log that Redis cut short (its events from the DB): one Lua call for
+    # the whole run of events, not one per event.
+    runlog, run_id, token = RunLog(redis_client), new_id(), lease_token(1, "sweeper")
+    assert await runlog.take_lease(run_id, token, TTL)
+    await runlog.append_batch([event(run_id, seq) for seq in (1, 2, 3)], token)
+    before = await script_calls(redis_client)
+    assert await append_from(runlog, [event(run_id, seq) for seq in range(1, 11)], token)
+    assert await script_calls(redis_client) - before == 1
+    assert [e.seq for e in await read_all_after(redis_client, run_id, 0)] == list(range(1, 11))
+
+
+async def test_a_refill_stops_at_a_hole_in_its_events(redis_client: aioredis.Redis) -> None:
+    runlog, run_id, token = RunLog(redis_client), new_id(), lease_token(1, "sweeper")
+    assert await runlog.take_lease(run_id, token, TTL)
+    events = [event(run_id, seq) for seq in (1, 2, 3, 5, 6)]  # nobody holds 4 any more
+    assert await append_from(runlog, events, token)  # keeps what it could write
+    assert [e.seq for e in await read_all_after(redis_client, run_id, 0)] == [1, 2, 3]
+    assert not await append_from(runlog, events, lease_token(1, "other"))  # fenced out

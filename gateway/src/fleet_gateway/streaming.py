@@ -118,7 +118,7 @@ async def stream_run(
         source = (
             replay_from_db(deps, run, state, cursor)
             if from_db
-            else follow_live(deps, run, state, cursor, ended_before=not fresh)
+            else follow_live(deps, run, state, cursor, fresh=fresh)
         )
         try:
             async for data in source:
@@ -169,18 +169,18 @@ async def replay_from_db(
 
 
 async def follow_live(
-    deps: StreamDeps, run: RunView, state: StreamState, cursor: Cursor, *, ended_before: bool = True
+    deps: StreamDeps, run: RunView, state: StreamState, cursor: Cursor, *, fresh: bool = False
 ) -> AsyncIterator[bytes]:
     """Log first, then live notices; the log again after any gap, resync or Redis fault.
-    `ended_before`: the Run may have ended before the stream opened, so ask the DB at once (a
-    Run this request just created cannot have: one lookup less on every Turn's first write)."""
+    The DB is asked at once whether the Run ended, unless `fresh`: a Run this request just
+    created cannot have (one lookup less on every Turn's first write)."""
     loop = asyncio.get_running_loop()
     # Jitter: streams opened together (after a deploy) do not all reconnect at the same moment.
     deadline = loop.time() + deps.max_seconds * random.uniform(0.9, 1.0)
     last_sent = loop.time()
     faults = beats = 0
     read_log = True
-    check_db = ended_before  # the DB: a Run may have ended without (more) log, e.g. Redis lost it
+    check_db = not fresh  # the DB: a Run may have ended without (more) log, e.g. Redis lost it
     # Subscribe before reading the log: an event published in between is then in one or both.
     async with deps.fanout.subscribe(run.id) as inbox:
         while not state.finished:

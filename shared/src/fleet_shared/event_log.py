@@ -65,21 +65,19 @@ class LeaseCheck(IntEnum):
 
 
 # KEYS: log, lease. ARGV: log ttl, channel, token, then seq and payload for each event (in seq
-# order, consecutive). Log, then announce, atomically, and only for the lease holder and only from
-# the next seq: a late writer or a duplicate can never put an event on the wire, and a gap is
-# reported, not written. Events the log already holds are skipped; one batch is one round trip.
+# order, consecutive: append_batch checks). Log, then announce, atomically, and only for the lease
+# holder and only from the next seq: a late writer or a duplicate can never put an event on the
+# wire, and a gap is reported, not written. With consecutive seqs only the first can open a gap.
+# Events the log already holds are skipped; one batch is one round trip.
 APPEND_SCRIPT = """
 if redis.call('GET', KEYS[2]) ~= ARGV[3] then return {-1, 0} end
 local last = 0
 local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #tail > 0 then last = tonumber(string.match(tail[1][1], '^(%d+)')) end
+if tonumber(ARGV[4]) > last + 1 then return {2, last} end
 local written = 0
 for i = 4, #ARGV, 2 do
   local seq = tonumber(ARGV[i])
-  if seq > last + 1 then
-    if written > 0 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
-    return {2, last}
-  end
   if seq == last + 1 then
     redis.call('XADD', KEYS[1], ARGV[i] .. '-0', 'e', ARGV[i + 1])
     redis.call('PUBLISH', ARGV[2], ARGV[i + 1])

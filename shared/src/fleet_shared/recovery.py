@@ -52,7 +52,7 @@ async def append_from(runlog: RunLog, events: list[RunEvent], token: str) -> boo
     by_seq = {e.seq: e for e in events}
     index = 0
     while index < len(events):
-        result = await runlog.append(events[index], token)
+        result, sent = await runlog.append_batch(consecutive_from(events, index), token)
         if result.status is Appended.FENCED:
             return False
         if result.status is Appended.GAP:
@@ -61,8 +61,16 @@ async def append_from(runlog: RunLog, events: list[RunEvent], token: str) -> boo
                 return True  # the log lost events nobody holds any more; keep what it has
             index = events.index(missing)
             continue
-        index += 1
+        index += sent
     return True
+
+
+def consecutive_from(events: list[RunEvent], index: int) -> list[RunEvent]:
+    """The events from `index` on whose seqs follow one another: one batch for append_batch."""
+    end = index + 1
+    while end < len(events) and events[end].seq == events[end - 1].seq + 1:
+        end += 1
+    return events[index:end]
 
 
 @dataclass

@@ -629,10 +629,24 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+LIBC_PRCTL: Any = None  # prctl's function pointer, once looked up
+
+
 def prctl(option: int, value: int) -> None:
     """prctl(2) through `_ctypes`, the C half of ctypes: `import ctypes` costs ~2 ms more CPU at
     every REPL start (Debian's python3; ~7 ms on a build without PGO), for a type layer this one
-    call does not need."""
+    call does not need. The function is looked up once per process."""
+    global LIBC_PRCTL  # noqa: PLW0603
+    if LIBC_PRCTL is None:
+        LIBC_PRCTL = libc_prctl()
+    if LIBC_PRCTL(option, value, 0, 0, 0) != 0:
+        import _ctypes
+
+        raise OSError(_ctypes.get_errno(), "prctl failed")
+
+
+def libc_prctl() -> Any:
+    """The C library's prctl as a callable, as ctypes.CDLL(None, use_errno=True).prctl is."""
     import _ctypes
 
     # The ignores: typeshed describes these through ctypes' own classes, which are not loaded.
@@ -646,8 +660,7 @@ def prctl(option: int, value: int) -> None:
     class Libc:  # what CFuncPtr reads from a ctypes.CDLL: the dlopen handle
         _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # None: the program itself
 
-    if LibcFunction(("prctl", Libc()))(option, value, 0, 0, 0) != 0:  # type: ignore[arg-type]
-        raise OSError(_ctypes.get_errno(), "prctl failed")
+    return LibcFunction(("prctl", Libc()))  # type: ignore[arg-type]
 
 
 def fatal(reason: str) -> NoReturn:
