@@ -11,12 +11,16 @@ delivered event (ADR 0009, decision 17).
 `EventStream` sends its start and its last message through Litestar's wrapped `send`, as any
 response does, and the chunks in between through the server's. Where no server put it there
 (Litestar's test client), every message takes the wrapped `send`.
+
+So a wrapper that needs a response's body messages (compression, a response cache, a body
+logger) would not see a stream's chunks: `with_direct_send` refuses an app that compresses, and
+anything of the kind added later must leave the Turn streams out.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import Any, cast
 
 from litestar import Litestar, Request
@@ -30,11 +34,19 @@ from litestar.types import ASGIApp, HTTPResponseBodyEvent, Receive, Scope, Send,
 from litestar.utils.helpers import get_enum_string_value
 
 DIRECT_SEND = "fleet.direct_send"  # the scope key of the server's own send
+ITERABLES = (Iterable, Iterator, AsyncIterable, AsyncIterator)
 END: HTTPResponseBodyEvent = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
-def with_direct_send(app: ASGIApp) -> ASGIApp:
-    """The app, with the server's `send` left in each HTTP request's scope for `EventStream`."""
+def with_direct_send(app: Litestar) -> ASGIApp:
+    """The app, with the server's `send` left in each HTTP request's scope for `EventStream`.
+
+    Refused for an app that compresses responses: Litestar's compression holds a response's
+    start back until its first body message passes its wrapper, and a stream's chunks no longer
+    do. (A middleware added later that needs every body message has the same problem; the
+    module's docstring and ADR 0009 say so.)"""
+    if app.compression_config is not None:
+        raise ValueError("with_direct_send: the app compresses responses, and EventStream's chunks skip that")
 
     async def direct_send_scope(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP:
@@ -80,6 +92,9 @@ class EventStream(Stream):
     ) -> ASGIResponse:
         # As Stream.to_asgi_response builds its response, with this class instead.
         merged = {**headers, **self.headers} if headers is not None else self.headers
+        iterator = self.iterator
+        if not isinstance(iterator, ITERABLES) and callable(iterator):
+            iterator = iterator()
         return DirectStreamingResponse(
             background=self.background or background,
             content_length=0,
@@ -88,7 +103,7 @@ class EventStream(Stream):
             encoding=self.encoding,
             headers=merged,
             is_head_response=is_head_response,
-            iterator=self.iterator() if callable(self.iterator) else self.iterator,
-            media_type=get_enum_string_value(media_type or self.media_type or MediaType.TEXT),
+            iterator=iterator,
+            media_type=get_enum_string_value(media_type or self.media_type or MediaType.JSON),
             status_code=self.status_code or status_code,
         )

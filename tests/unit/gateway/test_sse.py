@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from litestar import Litestar, get
 
 from fleet_gateway.sse import EventStream, with_direct_send
@@ -77,3 +78,12 @@ async def test_without_it_every_message_passes_the_send_wrappers() -> None:
     sent = await call(build_app(wrapped))
     assert bodies(sent) == [*CHUNKS, b""]
     assert bodies(wrapped) == [*CHUNKS, b""]
+
+
+def test_an_app_that_compresses_responses_is_refused() -> None:
+    # Litestar's compression holds the start back until the first body message passes it.
+    from litestar.config.compression import CompressionConfig
+
+    app = Litestar([], compression_config=CompressionConfig(backend="gzip"), openapi_config=None)
+    with pytest.raises(ValueError, match="compresses"):
+        with_direct_send(app)
