@@ -10,8 +10,9 @@ No worker runs: the Turn stays queued, and the bench holds its lease in the work
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import json
+import math
 import resource
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ QUICK_STREAMS = (50, 200)
 # The three servers of a level, in an order that rotates level by level.
 ROTATIONS = (("gateway", "asgi_floor", "relay"), ("asgi_floor", "relay", "gateway"),
              ("relay", "gateway", "asgi_floor"))  # fmt: skip
+MIN_DELIVERIES = 25_000  # per level: at 100 streams, 250 events instead of 50
 STREAMS_PER_CLIENT = 1000  # receivers per client process (they share the 2 cores with the gateway)
 
 
@@ -241,8 +243,12 @@ def floor_line(at_2000: dict[str, Any], allowed_ms: float) -> list[str]:
 
 def floor_note(results: list[dict[str, Any]]) -> str:
     """The same run's floors beside the gateway's CPU, level by level."""
-    rows = [f"{r['streams']}: {r['cpu_us_per_delivery']} vs {r.get('asgi_floor_us')} vs {r['write_floor_us']}"
-            for r in results]  # fmt: skip
+
+    def shown(value: object) -> str:
+        return "-" if value is None else str(value)
+
+    rows = [f"{r['streams']}: {shown(r['cpu_us_per_delivery'])} vs {shown(r.get('asgi_floor_us'))} vs "
+            f"{shown(r['write_floor_us'])}" for r in results]  # fmt: skip
     if not rows:
         return ""
     return (
@@ -260,50 +266,47 @@ def relay_ratio(fleet: dict[str, Any], relay: dict[str, Any] | None) -> float | 
 
 
 def measure_levels(
-    levels: tuple[int, ...], *, events: int, interval: float, hold: float, with_relay: bool
-) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
+    levels: tuple[int, ...], *, events: int, min_deliveries: int, interval: float, hold: float,
+    with_relay: bool,
+) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:  # fmt: skip
     """Each level on the gateway, the bare ASGI floor and (`with_relay`) the relay: the gateway's
-    results, and the others' by stream count."""
+    results, and the others' by stream count. A level publishes `events`, or more, so that its
+    streams take at least `min_deliveries` in all (a figure per delivery needs enough of them)."""
     from fleet_shared.redis_keys import events_channel
 
     results: list[dict[str, Any]] = []
     relayed: dict[int, dict[str, Any]] = {}
     floored: dict[int, dict[str, Any]] = {}
-    with fleet_stack.stack(heartbeat_seconds=60) as st:
+    with fleet_stack.stack(heartbeat_seconds=60) as st, contextlib.ExitStack() as servers:
         st.start_redis()
         st.migrate()
         st.start_gateway()
         st.wait_ready(need_worker=False)
         assert st.gateway is not None
-        gateway = Server("gateway", st.port, st.gateway.pid, lambda run: f"/api/runs/{run}/stream")
-        floor_port = fleet_stack.free_port()
-        floor_proc = fanout_floor.start(
-            st.redis_url, events_channel(0), floor_port, REPO, st.root / "logs" / "fanout-floor.log"
-        )
-        floor_server = Server("asgi_floor", floor_port, floor_proc.pid, lambda run: f"/runs/{run}/stream")
-        relay_proc = None
+        channel, logs = events_channel(0), st.root / "logs"
+        own = Server("gateway", st.port, st.gateway.pid, lambda run: f"/api/runs/{run}/stream")
+        by_name = {"gateway": own}
+        port = fleet_stack.free_port()
+        floor_proc = fanout_floor.start(st.redis_url, channel, port, REPO, logs / "fanout-floor.log")
+        servers.callback(fleet_stack.stop_group, floor_proc)
+        by_name["asgi_floor"] = Server("asgi_floor", port, floor_proc.pid, lambda run: f"/runs/{run}/stream")
         if with_relay:
             port = fleet_stack.free_port()
-            relay_proc = relay.start(
-                st.redis_url, events_channel(0), port, REPO, st.root / "logs" / "relay.log"
-            )
-        try:
-            measure = functools.partial(one_level, events=events, interval=interval, hold=hold)
-            for index, streams_n in enumerate(levels):
-                # The servers take turns, the order rotating by level, so drift hits them all.
-                order = ROTATIONS[index % len(ROTATIONS)]
-                for name in order:
-                    if name == "gateway":
-                        results.append(measure(st, gateway, streams_n))
-                    elif name == "asgi_floor":
-                        floored[streams_n] = measure(st, floor_server, streams_n)
-                    elif relay_proc is not None:
-                        server = Server("relay", port, relay_proc.pid, lambda run: f"/runs/{run}/stream")
-                        relayed[streams_n] = measure(st, server, streams_n)
-        finally:
-            fleet_stack.stop_group(floor_proc)
-            if relay_proc is not None:
-                fleet_stack.stop_group(relay_proc)
+            relay_proc = relay.start(st.redis_url, channel, port, REPO, logs / "relay.log")
+            servers.callback(fleet_stack.stop_group, relay_proc)
+            by_name["relay"] = Server("relay", port, relay_proc.pid, lambda run: f"/runs/{run}/stream")
+        for index, streams_n in enumerate(levels):
+            level_events = max(events, math.ceil(min_deliveries / streams_n))
+            # The servers take turns, the order rotating by level, so drift hits them all.
+            for name in ROTATIONS[index % len(ROTATIONS)]:
+                if name not in by_name:
+                    continue
+                server = by_name[name]
+                result = one_level(st, server, streams_n, events=level_events, interval=interval, hold=hold)
+                if name == "gateway":
+                    results.append(result)
+                else:
+                    (floored if name == "asgi_floor" else relayed)[streams_n] = result
     return results, relayed, floored
 
 
@@ -314,12 +317,15 @@ def run(
     levels = streams or (QUICK_STREAMS if quick else DEFAULT_STREAMS)
     events = events or (20 if quick else 50)
     hold = 15.0 if quick else 30.0
+    min_deliveries = 0 if quick else MIN_DELIVERIES
     receipt = Receipt(
         "fanout",
-        {"streams": list(levels), "events_per_level": events, "interval_s": interval, "hold_seconds": hold,
+        {"streams": list(levels), "events_per_level": events, "min_deliveries_per_level": min_deliveries,
+         "interval_s": interval, "hold_seconds": hold,
          "streams_per_client_process": STREAMS_PER_CLIENT, "gateway_workers": 1},
         baseline="a raw redis-py pub/sub subscriber on the same channel (its own process); for throughput, "
-        "a minimal FastAPI + sse-starlette relay (bench/relay.py)",
+        "a minimal FastAPI + sse-starlette relay (bench/relay.py); for CPU, a bare ASGI server on Granian "
+        "(bench/fanout_floor.py) and a bare loopback send (bench/write_floor.py)",
     )  # fmt: skip
     missing = relay.available()
     if missing:
@@ -327,7 +333,12 @@ def run(
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the servers inherit it
     results, relayed, floored = measure_levels(
-        levels, events=events, interval=interval, hold=hold, with_relay=not missing
+        levels,
+        events=events,
+        min_deliveries=min_deliveries,
+        interval=interval,
+        hold=hold,
+        with_relay=not missing,
     )
     for r in results:
         floor = floored.get(r["streams"])

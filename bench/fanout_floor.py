@@ -77,7 +77,9 @@ class FloorApp:
             while True:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
-                    self.tasks.add(asyncio.get_running_loop().create_task(self.listen()))
+                    listener = asyncio.get_running_loop().create_task(self.listen())
+                    listener.add_done_callback(listener_ended)
+                    self.tasks.add(listener)
                     await send({"type": "lifespan.startup.complete"})
                 else:
                     await send({"type": "lifespan.shutdown.complete"})
@@ -113,6 +115,13 @@ class FloorApp:
             await send({"type": "http.response.body", "body": body, "more_body": not ended})
             if ended:
                 return
+
+
+def listener_ended(task: asyncio.Task[None]) -> None:
+    """A floor that no longer hears Redis would hang the lane's receivers: say why, and exit."""
+    if not task.cancelled() and task.exception() is not None:
+        os.write(2, f"fanout_floor: the pub/sub listener failed: {task.exception()!r}\n".encode())
+        os._exit(1)
 
 
 def start(redis_url: str, channel: str, port: int, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
