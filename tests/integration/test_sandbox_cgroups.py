@@ -14,6 +14,7 @@ import pytest
 
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.cgroups import SANDBOX_CPU_SHARES, SANDBOX_CPU_WEIGHT, Cgroups, Limits
+from fleet_worker.sandbox.errors import CellInterrupted
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.process import descendants
@@ -33,7 +34,15 @@ def test_every_process_of_a_repl_is_in_each_of_its_cgroups(traversable_dir: Path
         assert repl is not None and repl.cgroup is not None and repl.supervisor is not None
         # A cell that runs a process of its own, which we look for while the cell runs.
         code = "import os\nos.system('sleep 5')"
-        cell = threading.Thread(target=session.execute, args=(code, {}, {}, None))
+        outcome: list[BaseException] = []
+
+        def run_cell() -> None:
+            try:
+                session.execute(code, {}, {}, None)
+            except CellInterrupted as exc:  # what the interrupt below makes of it
+                outcome.append(exc)
+
+        cell = threading.Thread(target=run_cell)
         cell.start()
         deadline = time.monotonic() + 20
         while len(tree := descendants(repl.proc.pid)) < 4:  # bwrap's child, the interpreter, sh, sleep
@@ -45,6 +54,7 @@ def test_every_process_of_a_repl_is_in_each_of_its_cgroups(traversable_dir: Path
             assert tree | {repl.proc.pid} <= members, f"{directory} misses {tree - members}"
         session.interrupt()
         cell.join(20)
+        assert not cell.is_alive() and len(outcome) == 1
     finally:
         lease.release()
         provider.close()
