@@ -265,6 +265,11 @@ def relay_ratio(fleet: dict[str, Any], relay: dict[str, Any] | None) -> float | 
     return round(float(fleet["deliveries_per_cpu_s"]) / float(relay["deliveries_per_cpu_s"]), 3)
 
 
+def baseline_stream_path(run_id: str) -> str:
+    """A Run's stream on the relay and the ASGI floor (the gateway's is under /api)."""
+    return f"/runs/{run_id}/stream"
+
+
 def measure_levels(
     levels: tuple[int, ...], *, events: int, min_deliveries: int, interval: float, hold: float,
     with_relay: bool,
@@ -289,12 +294,12 @@ def measure_levels(
         port = fleet_stack.free_port()
         floor_proc = fanout_floor.start(st.redis_url, channel, port, REPO, logs / "fanout-floor.log")
         servers.callback(fleet_stack.stop_group, floor_proc)
-        by_name["asgi_floor"] = Server("asgi_floor", port, floor_proc.pid, lambda run: f"/runs/{run}/stream")
+        by_name["asgi_floor"] = Server("asgi_floor", port, floor_proc.pid, baseline_stream_path)
         if with_relay:
             port = fleet_stack.free_port()
             relay_proc = relay.start(st.redis_url, channel, port, REPO, logs / "relay.log")
             servers.callback(fleet_stack.stop_group, relay_proc)
-            by_name["relay"] = Server("relay", port, relay_proc.pid, lambda run: f"/runs/{run}/stream")
+            by_name["relay"] = Server("relay", port, relay_proc.pid, baseline_stream_path)
         for index, streams_n in enumerate(levels):
             level_events = max(events, math.ceil(min_deliveries / streams_n))
             # The servers take turns, the order rotating by level, so drift hits them all.
