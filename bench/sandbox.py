@@ -17,6 +17,7 @@ machine load and the receipt come from bench.harness.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -33,6 +34,7 @@ from bench.harness import Receipt, compared, goal, summary, timed
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
+from fleet_worker.sandbox.process import descendants
 
 
 def echo(text: str) -> str:
@@ -84,6 +86,54 @@ class PipeEcho:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(timeout=10)
+
+
+def cpu_ns(pids: list[int]) -> int:
+    """CPU time the scheduler charged these processes' main threads so far (ns; a process that
+    ended counts nothing)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+    return total
+
+
+def cell_cpu(session: Any, baseline: LocalInterpreter, blocks: int) -> dict[str, Any]:
+    """CPU per `print(x)` cell, summed over every process of each side (this one's threads, and
+    the REPL's supervisor and interpreter, or LocalInterpreter's subprocess), in alternating
+    blocks of 50 cells. Latency is CPU plus waiting on a noisy host; the CPU account moves
+    far less from run to run, so it shows a change in the cell's own work that p50 hides."""
+    repl = {session.pid} | descendants(session.pid) if session.pid is not None else set()
+    process = getattr(baseline, "_process", None)  # dspy's own handle on its subprocess
+    theirs = [process.pid] if process is not None else []
+    here = {"fleet": 0, "local": 0}  # this process, every thread
+    there = {"fleet": 0, "local": 0}  # the REPL's processes, or the subprocess
+    cells = 50
+    for index in range(blocks * 2):
+        side = ("fleet", "local")[(index + index // 2) % 2]  # ABBA...: neither side always first
+        pids = sorted(repl) if side == "fleet" else theirs
+        ours, others = time.process_time_ns(), cpu_ns(pids)
+        for _ in range(cells):
+            if side == "fleet":
+                session.execute("print(x)", {}, {}, None)
+            else:
+                baseline.execute("print(x)")
+        here[side] += time.process_time_ns() - ours
+        there[side] += cpu_ns(pids) - others
+
+    def per_cell(ns: int) -> float:
+        return round(ns / (blocks * cells) / 1000, 1)
+
+    fleet_us, local_us = per_cell(here["fleet"] + there["fleet"]), per_cell(here["local"] + there["local"])
+    return {
+        "fleet_us": fleet_us,
+        "local_us": local_us,
+        "ratio": round(fleet_us / local_us, 3),
+        "fleet_host_us": per_cell(here["fleet"]),
+        "fleet_repl_us": per_cell(there["fleet"]),  # bwrap, the supervisor and the interpreter
+        "local_host_us": per_cell(here["local"]),
+        "local_subprocess_us": per_cell(there["local"]),
+    }
 
 
 def turns(provider: LocalSandboxProvider, rounds: int, warmup: int) -> dict[str, Any]:
@@ -141,6 +191,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             theirs["cell"].append(timed(lambda: baseline.execute("print(x)")))
             ours["tool_call"].append(timed(lambda: session.execute("echo('hi')", {}, tools, None)))
             theirs["tool_call"].append(timed(lambda: baseline.execute("echo('hi')")))
+        receipt.figures["cell_cpu"] = cell_cpu(session, baseline, 2 if quick else 10)
         lease.release()
         pooled, cold = leases(provider, root, 10 if quick else 40)
         receipt.figures["turn"] = turns(provider, 10 if quick else 60, 2 if quick else 5)
@@ -161,6 +212,13 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     cell, hop = receipt.figures["cell"], receipt.figures["pipe_round_trip"]["p50_ms"]
     without_supervisor = round((cell["subject"]["p50_ms"] - hop) / cell["baseline"]["p50_ms"], 3)
     receipt.figures["cell_ratio_less_one_boundary"] = without_supervisor
+    cpu = receipt.figures["cell_cpu"]
+    receipt.notes.append(
+        f"cell_cpu: {cpu['fleet_us']} us of CPU per cell on fleet's side ({cpu['fleet_host_us']} in "
+        f"this process, {cpu['fleet_repl_us']} in bwrap, the supervisor and the interpreter), "
+        f"{cpu['local_us']} us on LocalInterpreter's ({cpu['local_host_us']} here, "
+        f"{cpu['local_subprocess_us']} in its subprocess): {cpu['ratio']} x, in alternating blocks."
+    )
     receipt.notes.append(
         f"cell: a fleet cell crosses two process boundaries each way (host -> supervisor -> "
         f"interpreter and back), LocalInterpreter's one (host -> subprocess); the supervisor is the "

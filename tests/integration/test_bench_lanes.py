@@ -70,6 +70,9 @@ def test_the_sandbox_lane_measures_both_sides() -> None:
     assert body["figures"]["pipe_round_trip"]["n"] == body["figures"]["cell"]["subject"]["n"]
     assert 0 < body["figures"]["cell_ratio_less_one_boundary"] < body["ratios"]["cell"]["ratio_p50"]
     assert_both_sides(body["figures"]["turn"])  # the same Turn on bwrap and on LocalInterpreter
+    cpu = body["figures"]["cell_cpu"]  # every process of each side: none may be missed
+    assert cpu["fleet_repl_us"] > 0 and cpu["local_subprocess_us"] > 0
+    assert cpu["fleet_us"] == pytest.approx(cpu["fleet_host_us"] + cpu["fleet_repl_us"], abs=0.2)
     (turn_goal,) = [g for g in body["goals"] if g["goal"] == "turn_on_bwrap"]
     assert turn_goal["measured"] == body["ratios"]["turn"]["ratio_p50"]
 

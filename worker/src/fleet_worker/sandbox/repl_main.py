@@ -383,6 +383,7 @@ class Supervisor:
         self.output_fd = output_fd
         self.child_pid = 0
         self.child: Channel | None = None
+        self.census = Census(-1)
 
     def start_child(self) -> None:
         # A socket, not pipes: a cell may reopen its own pipes through /proc/self/fd and write
@@ -393,6 +394,7 @@ class Supervisor:
             try:
                 for fd in (self.host.fd_in, self.host.fd_out, parent_end.fileno()):
                     os.close(fd)
+                self.census.close()  # nothing of the supervisor's view of /proc either
                 os.dup2(self.output_fd, 1)
                 os.dup2(self.output_fd, 2)
                 os.close(self.output_fd)
@@ -402,6 +404,8 @@ class Supervisor:
         child_end.close()
         self.child_pid, sock = pid, parent_end.detach()
         self.child = Channel(sock, sock)
+        self.census.close()
+        self.census = Census(pid)
         if not self.await_child_ready():
             fatal("the interpreter did not start")
 
@@ -458,10 +462,13 @@ class Supervisor:
             elif op == "result" and message.get("id") == request_id:
                 # Threads the cell left running wait, stopped, for the next cell: between cells
                 # nothing of the sandbox runs, writes to the workspace or prints. Stopped first,
-                # so that no thread of it starts a process while the leftovers are killed.
+                # and waited for, so that no thread of it starts a process while the leftovers
+                # are looked for and killed.
                 signal_child(self.child_pid, _signal.SIGSTOP)
-                kill_leftovers(keep=self.child_pid)
-                self.host.send(result_of(message, request_id))
+                result = Channel.encode(result_of(message, request_id))  # while the child stops
+                if not (await_stop(self.child_pid) and self.census.alone()):
+                    kill_leftovers(keep=self.child_pid)
+                self.host.write(result)
                 return
             else:
                 self.replace_child()
@@ -493,6 +500,8 @@ class Supervisor:
                 return STOPPED
 
     def replace_child(self) -> None:
+        self.census.close()
+        self.census = Census(-1)
         end_child(self.child_pid)
         if self.child is not None:
             os.close(self.child.fd_in)  # its only fd, both ways
@@ -562,6 +571,73 @@ def process_state(pid: int, tid: int | None = None) -> str:
             return stat.read().rsplit(b")", 1)[1].split()[0].decode()
     except (OSError, IndexError):
         return "?"
+
+
+class Census:
+    """Whether the stopped interpreter is alone with the supervisor: three reads of /proc files
+    kept open (a pread each, ~1-3 us), where a scan of /proc costs tens of microseconds a cell.
+
+    Every process of the sandbox but the supervisor descends from it: from the interpreter, or
+    reparented to the supervisor (the subreaper) when its parent ended. So with the interpreter
+    stopped (it cannot fork), one thread in it, no child of that thread, and the interpreter the
+    supervisor's only child, no other process exists. The interpreter's children are read first:
+    a process moves from its side to the supervisor's (when its parent ends), never back, so no
+    process can slip past both reads. Anything else (a thread or a zombie left by the cell, a
+    file that cannot be read) answers False, and kill_leftovers scans the whole of /proc."""
+
+    def __init__(self, child: int) -> None:
+        self.expected = f"{child} ".encode()  # the children file's format: "pid pid ... "
+        self.stat = self.children = self.own = -1
+        if child <= 0:
+            return
+        with suppress(OSError):
+            self.own = os.open(f"/proc/self/task/{os.getpid()}/children", os.O_RDONLY)
+            self.stat = os.open(f"/proc/{child}/stat", os.O_RDONLY)
+            self.children = os.open(f"/proc/{child}/task/{child}/children", os.O_RDONLY)
+
+    def alone(self) -> bool:
+        if min(self.stat, self.children, self.own) < 0:
+            return False
+        try:
+            fields = os.pread(self.stat, 1024, 0).rsplit(b")", 1)[1].split()
+            if fields[0] != b"T" or fields[17] != b"1":  # its state, and num_threads (field 20)
+                return False
+            return not os.pread(self.children, 64, 0) and os.pread(self.own, 64, 0) == self.expected
+        except (OSError, IndexError):  # the interpreter is gone, or /proc has no children files
+            return False
+
+    def close(self) -> None:
+        for fd in (self.own, self.stat, self.children):
+            if fd >= 0:
+                with suppress(OSError):
+                    os.close(fd)
+        self.stat = self.children = self.own = -1
+
+
+STOP_SPINS = 200  # waitid polls, a yield between them, before the wait sleeps instead
+STOP_SLEEPS = 25  # 0.1 ms, doubling up to 50 ms: about a second in all
+
+
+def await_stop(pid: int) -> bool:
+    """Until SIGSTOP has stopped every thread of the interpreter (True). kill(2) returns before
+    that, and a thread inside fork(2) then still finishes it: the new process could miss the
+    check that follows. False when the interpreter ended, or a thread of it cannot stop (it
+    waits on a vforked child, say): the full scan then runs anyway, as it always did."""
+    options = os.WSTOPPED | os.WEXITED | os.WNOWAIT | os.WNOHANG  # WNOWAIT: end_child reaps
+    pause = 0.0001
+    for attempt in range(STOP_SPINS + STOP_SLEEPS):
+        try:
+            info = os.waitid(os.P_PID, pid, options)
+        except ChildProcessError:
+            return False
+        if info is not None:
+            return info.si_code == os.CLD_STOPPED
+        if attempt < STOP_SPINS:
+            os.sched_yield()  # the interpreter may be waiting for this CPU to reach its stop
+        else:
+            select.select([], [], [], pause)
+            pause = min(pause * 2, 0.05)
+    return False
 
 
 KILL_PASSES = 100
