@@ -5,6 +5,7 @@ replacement) works for the next cell."""
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import signal
@@ -242,6 +243,68 @@ def test_threads_a_cell_leaves_running_wait_for_the_next_cell(session: ReplSessi
     assert float(largest_gap) >= 0.8 and resumed == "True"  # it stopped, then ran again
 
 
+SIGCONT_TIMER = """
+import ctypes, os, signal, time
+ran = []
+signal.signal(signal.SIGCONT, lambda *_: ran.append(time.monotonic()))
+libc = ctypes.CDLL(None, use_errno=True)
+
+class SigEvent(ctypes.Structure):  # struct sigevent: value, signo, notify, then padding
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
+                ("pad", ctypes.c_byte * 48)]
+
+event = SigEvent(None, signal.SIGCONT, 0)  # SIGEV_SIGNAL
+timer = ctypes.c_void_p()
+created = libc.timer_create(1, ctypes.byref(event), ctypes.byref(timer))  # CLOCK_MONOTONIC
+if created == 0:
+    due = (ctypes.c_long * 4)(0, 0, 0, 200_000_000)  # once, 0.2 s from now: between the cells
+    libc.timer_settime(timer, 0, due, None)
+armed = time.monotonic()
+print(created, ctypes.get_errno())
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="struct sigevent laid out for x86_64")
+def test_a_cell_cannot_have_itself_woken_between_cells(session: ReplSession) -> None:
+    """SIGCONT from a POSIX timer would continue the stopped interpreter with no process of
+    the sandbox running to send it: its handler (or a thread) would run between cells."""
+    armed = run(session, SIGCONT_TIMER)
+    assert armed.stdout.split() == ["-1", str(errno.EPERM)], armed
+    time.sleep(1.0)  # the pause under test: the timer would ring 0.2 s into it
+    woken = run(session, "print([round(t - armed, 1) for t in ran])")
+    # The next cell's own SIGCONT rings ~1 s after arming; nothing may ring before it.
+    assert all(delay >= 0.9 for delay in eval(woken.stdout)), woken.stdout
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="SYS_clone is 56 on x86_64 only")
+def test_other_ways_to_send_the_interpreter_sigcont_are_refused(session: ReplSession) -> None:
+    """A child's exit signal (sent when it is killed as a leftover), and the signal of
+    asynchronous I/O or a lease (F_SETSIG), could each be SIGCONT."""
+    result = run(
+        session,
+        "import ctypes, fcntl, os, signal\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "pid = libc.syscall(56, signal.SIGCONT, 0, 0, 0, 0)  # SYS_clone: a fork, exit signal SIGCONT\n"
+        "if pid == 0:\n"
+        "    os._exit(0)\n"
+        "print(pid, ctypes.get_errno())\n"
+        "try:\n"
+        "    fcntl.fcntl(1, 10, signal.SIGCONT)  # F_SETSIG\n"
+        "    print('set')\n"
+        "except PermissionError:\n"
+        "    print('refused')\n"
+        "child = os.fork()  # an ordinary fork and thread still work\n"
+        "if child == 0:\n"
+        "    os._exit(7)\n"
+        "import threading\n"
+        "t = threading.Thread(target=print, args=('thread',))\n"
+        "t.start(); t.join()\n"
+        "print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))",
+    )
+    assert result.error is None, result.error
+    assert result.stdout.split() == ["-1", str(errno.EPERM), "refused", "thread", "7"], result.stdout
+
+
 def test_tools_called_from_threads_get_their_own_replies(session: ReplSession) -> None:
     result = run(
         session,
@@ -288,6 +351,22 @@ def test_a_forged_deep_frame_resets_the_interpreter(session: ReplSession) -> Non
     forge = forge_frame("""'{"op":"result","id":1,"final":{"answer":' + '[' * 5000 + ']' * 5000 + '}}'""")
     result = run(session, forge)  # the supervisor cannot parse it: the channel counts as broken
     assert result.final is None and result.error is not None and result.error.type == "ReplReset"
+    assert run(session, "print('after')").stdout == "after\n"
+
+
+def test_a_result_too_large_once_escaped_is_a_cell_error_not_a_dead_supervisor(
+    session: ReplSession,
+) -> None:
+    """A forged result of raw UTF-8 fits a frame (24 MB) but not once the supervisor escapes it
+    to ASCII again (72 MB): the cell gets an error, and the supervisor (the jail's pid 1, whose
+    death would end the REPL) carries on."""
+    run(session, "x = 1")
+    repl = session._repl
+    forge = forge_frame("""'{"op":"result","id":2,"final":{"answer":"' + 'é' * 12_000_000 + '"}}'""")
+    result = run(session, forge)
+    assert result.error is not None and result.error.type == "ResultTooLarge", result
+    assert session._repl is repl  # the same REPL: no crash, no restart
+    run(session, "pass")  # the forging cell's own result, late, breaks the protocol here
     assert run(session, "print('after')").stdout == "after\n"
 
 

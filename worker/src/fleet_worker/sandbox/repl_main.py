@@ -394,7 +394,6 @@ class Supervisor:
             try:
                 for fd in (self.host.fd_in, self.host.fd_out, parent_end.fileno()):
                     os.close(fd)
-                self.census.close()  # nothing of the supervisor's view of /proc either
                 os.dup2(self.output_fd, 1)
                 os.dup2(self.output_fd, 2)
                 os.close(self.output_fd)
@@ -465,7 +464,7 @@ class Supervisor:
                 # and waited for, so that no thread of it starts a process while the leftovers
                 # are looked for and killed.
                 signal_child(self.child_pid, _signal.SIGSTOP)
-                result = Channel.encode(result_of(message, request_id))  # while the child stops
+                result = self.encoded_result(message, request_id)  # while the child stops
                 if not (await_stop(self.child_pid) and self.census.alone()):
                     kill_leftovers(keep=self.child_pid)
                 self.host.write(result)
@@ -475,6 +474,14 @@ class Supervisor:
                 error = problem("the cell sent something the REPL protocol does not allow; it was reset")
                 self.host.send({"op": "result", "id": request_id, "error": error})
                 return
+
+    @staticmethod
+    def encoded_result(message: dict[str, Any], request_id: Any) -> bytes:
+        try:
+            return Channel.encode(result_of(message, request_id))
+        except (ValueError, RecursionError) as exc:  # escaped again, a final value can outgrow a frame
+            error = {"type": "ResultTooLarge", "message": f"the cell's result cannot be sent: {exc}"}
+            return Channel.encode({"op": "result", "id": request_id, "error": error})
 
     def send_to_child(self, message: dict[str, Any]) -> None:
         self.write_to_child(Channel.encode(message))
@@ -579,7 +586,8 @@ class Census:
 
     Every process of the sandbox but the supervisor descends from it: from the interpreter, or
     reparented to the supervisor (the subreaper) when its parent ended. So with the interpreter
-    stopped (it cannot fork), one thread in it, no child of that thread, and the interpreter the
+    stopped (it cannot fork, and the seccomp filter leaves it no way to have itself continued:
+    syscalls.py), one thread in it, no child of that thread, and the interpreter the
     supervisor's only child, no other process exists. The interpreter's children are read first:
     a process moves from its side to the supervisor's (when its parent ends), never back, so no
     process can slip past both reads. Anything else (a thread or a zombie left by the cell, a
@@ -615,7 +623,7 @@ class Census:
 
 
 STOP_SPINS = 200  # waitid polls, a yield between them, before the wait sleeps instead
-STOP_SLEEPS = 25  # 0.1 ms, doubling up to 50 ms: about a second in all
+STOP_SLEEPS = 25  # 0.1 ms, doubling up to 50 ms: 0.85 s in all
 
 
 def await_stop(pid: int) -> bool:

@@ -1,8 +1,10 @@
 """The jail's seccomp filter, built by libseccomp and handed to bwrap (`--seccomp FD`).
 
 Everything is allowed except what a REPL has no use for and an attacker would want: debugging
-other processes, the kernel keyring, BPF, mounting and namespaces, loading kernel modules, and
-socket families beyond Unix, IPv4 and IPv6 (the network namespace has only a loopback anyway).
+other processes, the kernel keyring, BPF, mounting and namespaces, loading kernel modules,
+socket families beyond Unix, IPv4 and IPv6 (the network namespace has only a loopback anyway),
+and every way for the interpreter, stopped between cells, to have SIGCONT sent to itself
+(POSIX timers, message-queue notices, F_SETSIG, a child's exit signal other than SIGCHLD).
 Denied calls fail with EPERM (EAFNOSUPPORT for sockets) instead of killing the REPL, so user code
 gets a normal Python error. Calls made for another architecture (i386 on x86-64) are refused by
 libseccomp's architecture check.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import signal
 import socket
 import tempfile
 from typing import Any
@@ -80,7 +83,15 @@ DENIED_SYSCALLS = (
     "adjtimex",
     "fanotify_init",
     "lookup_dcookie",
+    # a stopped interpreter waking itself between cells: a POSIX timer or a message-queue
+    # notice can deliver SIGCONT to it with no process running (interval timers send SIGALRM)
+    "timer_create",
+    "mq_notify",
 )
+# The signal a process asks to be sent to it (F_SETSIG: for async I/O, leases and dnotify), or to
+# its parent when it ends (clone's low byte): anything but SIGCHLD could be SIGCONT.
+F_SETSIG = 10
+CLONE_SIGNAL_MASK = 0xFF
 ALLOWED_FAMILIES = frozenset({socket.AF_UNIX, socket.AF_INET, socket.AF_INET6})
 MAX_FAMILY = 256  # AF_MAX is 46 today; room for what newer kernels add (the kernel refuses >= AF_MAX)
 
@@ -102,6 +113,15 @@ def build_filter() -> bytes:
             low32 = libseccomp.Arg(0, libseccomp.MASKED_EQ, 0xFFFFFFFF, family)
             syscall_filter.add_rule(refuse, "socket", low32)
             syscall_filter.add_rule(refuse, "socketpair", low32)
+    # clone3 passes its exit signal in a struct the filter cannot read: ENOSYS makes the C
+    # library fall back to clone, whose flags it can.
+    syscall_filter.add_rule(libseccomp.ERRNO(errno.ENOSYS), "clone3")
+    for number in range(1, CLONE_SIGNAL_MASK + 1):
+        if number != signal.SIGCHLD:
+            exit_signal = libseccomp.Arg(0, libseccomp.MASKED_EQ, CLONE_SIGNAL_MASK, number)
+            syscall_filter.add_rule(libseccomp.ERRNO(errno.EPERM), "clone", exit_signal)
+    set_signal = libseccomp.Arg(1, libseccomp.MASKED_EQ, 0xFFFFFFFF, F_SETSIG)
+    syscall_filter.add_rule(libseccomp.ERRNO(errno.EPERM), "fcntl", set_signal)
     with tempfile.TemporaryFile() as out:
         syscall_filter.export_bpf(out)
         out.seek(0)
