@@ -507,8 +507,6 @@ class Supervisor:
                 return STOPPED
 
     def replace_child(self) -> None:
-        self.census.close()
-        self.census = Census(-1)
         end_child(self.child_pid)
         if self.child is not None:
             os.close(self.child.fd_in)  # its only fd, both ways
