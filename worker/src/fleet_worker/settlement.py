@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import msgspec
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session as OrmSession
 
-from fleet_shared.db import queries, runs
+from fleet_shared.db import runs
+from fleet_shared.db.engine import run_whole
 from fleet_shared.db.faults import is_unreachable
 from fleet_shared.db.models import Run
 from fleet_shared.events import RunEvent, RunFailed
@@ -31,8 +34,7 @@ async def commit_with_retry(
     tries = 0
     while True:
         try:
-            async with sessions() as db:
-                committed = await commit_once(db, settlement)
+            committed = await run_whole(sessions, functools.partial(commit_once_on, settlement=settlement))
             if tries:
                 log.info("turn.commit_recovered", tries=tries + 1)
             return committed
@@ -47,11 +49,16 @@ async def commit_with_retry(
 
 
 async def commit_once(db: AsyncSession, settlement: runs.Settlement) -> bool:
-    run = await queries.get_run(db, settlement.run_id)
+    return await db.run_sync(commit_once_on, settlement)
+
+
+def commit_once_on(db: OrmSession, settlement: runs.Settlement) -> bool:
+    """One try at the commit, on a synchronous session (fleet_shared.db.engine.run_whole)."""
+    run = db.get(Run, settlement.run_id, populate_existing=True)
     if run is None or run.attempt != settlement.attempt:
         return False
     if RunStatus(run.status) in ACTIVE_STATUSES:
-        return await runs.commit_settlement(db, settlement)
+        return runs.commit_settlement_on(db, settlement)
     return is_our_commit(run, settlement)
 
 

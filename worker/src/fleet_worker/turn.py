@@ -16,11 +16,13 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.blobs import BlobStore
 from fleet_shared.checkpoint import next_task
 from fleet_shared.config import Settings
 from fleet_shared.db import queries, runs
+from fleet_shared.db.engine import run_whole
 from fleet_shared.db.models import Session
 from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import Answer, ChildProgress, StatusChanged, Warning
@@ -136,22 +138,25 @@ async def finish_even_if_cancelled(settling: Coroutine[Any, Any, str]) -> tuple[
 
 async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:
     """queued → running, attempt + 1: from here on this worker owns the Run."""
-    async with deps.sessions() as db:
-        run = await runs.start_run(db, run_id)
-        if run is None:
-            return None
-        session = await db.get(Session, run.session_id)
-        assert session is not None
-        return Claim(
-            run_id=run.id,
-            session_id=run.session_id,
-            workspace_id=session.workspace_id,
-            attempt=run.attempt,
-            user_sequence=run.user_sequence,
-            started=time.monotonic(),
-            checkpoint_version=session.checkpoint_version,
-            task=session.task,
-        )
+    return await run_whole(deps.sessions, functools.partial(claim_on, run_id=run_id))
+
+
+def claim_on(db: OrmSession, run_id: str) -> Claim | None:
+    run = runs.start_run_on(db, run_id)
+    if run is None:
+        return None
+    session = db.get(Session, run.session_id)
+    assert session is not None
+    return Claim(
+        run_id=run.id,
+        session_id=run.session_id,
+        workspace_id=session.workspace_id,
+        attempt=run.attempt,
+        user_sequence=run.user_sequence,
+        started=time.monotonic(),
+        checkpoint_version=session.checkpoint_version,
+        task=session.task,
+    )
 
 
 async def hold(deps: WorkerDeps, claim: Claim, cleanup: AsyncExitStack) -> Turn:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.orm import Session
 
 # Every revision this code knows, oldest first; the last is the one it expects.
 # `tests/unit/shared/test_schema_head.py` fails if they drift from Alembic's chain, so readiness
@@ -88,6 +90,27 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
 def sqlite_twin(engine: AsyncEngine) -> SqliteTwin | None:
     """The synchronous twin of a file SQLite engine made by create_engine; None otherwise."""
     return SQLITE_TWINS.get(engine)
+
+
+async def run_whole(sessions: async_sessionmaker[AsyncSession], work: Callable[[Session], T]) -> T:
+    """`work`, synchronous ORM code that ends its own transaction, on a session of its own.
+
+    On a file SQLite engine it runs whole on the twin, in one hop to a thread: through aiosqlite
+    every statement is several hops to its thread and back, and each hop waits for the worker's
+    busy event loop (a Run's start took 24 ms at 8 Turns at once, its settlement 24 ms;
+    docs/decisions/0009-the-turn-latency-path.md). Elsewhere it runs through `run_sync` on an
+    AsyncSession: the same code, a round trip per statement."""
+    engine = sessions.kw.get("bind")
+    twin = sqlite_twin(engine) if isinstance(engine, AsyncEngine) else None
+    if twin is not None:
+        return await twin.run(functools.partial(on_own_session, work=work))
+    async with sessions() as db:
+        return await db.run_sync(work)
+
+
+def on_own_session(engine: Engine, work: Callable[[Session], T]) -> T:
+    with Session(engine, expire_on_commit=False) as session:
+        return work(session)
 
 
 async def dispose_engine(engine: AsyncEngine) -> None:

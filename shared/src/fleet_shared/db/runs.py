@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db.models import Artifact, Run, RunEventRow, Session, Turn
 from fleet_shared.db.queries import get_run, now
@@ -35,13 +36,13 @@ async def apply_transition(
 ) -> bool:
     """A fenced UPDATE: it only lands if the Run is still `current` (and `attempt`, if given)."""
     decision = decide(current, command)
-    return await apply_decision(
-        db, run_id, decision=decision, command=command, attempt=attempt, values=values
+    return await db.run_sync(
+        decision_update, run_id, decision=decision, command=command, attempt=attempt, values=values
     )
 
 
-async def apply_decision(
-    db: AsyncSession,
+def decision_update(
+    db: OrmSession,
     run_id: str,
     *,
     decision: Decision,
@@ -49,6 +50,8 @@ async def apply_decision(
     attempt: int | None,
     values: dict[str, Any] | None = None,
 ) -> bool:
+    """The fenced UPDATE of a decided transition, on a synchronous session (the SQLite twin's, or
+    inside `run_sync`)."""
     changes: dict[str, Any] = {"status": decision.target.value, **(values or {})}
     if decision.bumps_attempt:
         changes["attempt"] = Run.attempt + 1
@@ -59,15 +62,21 @@ async def apply_decision(
     query = update(Run).where(Run.id == run_id, Run.status.in_([s.value for s in decision.sources]))
     if attempt is not None:
         query = query.where(Run.attempt == attempt)
-    result = await db.execute(query.values(**changes).execution_options(synchronize_session=False))
+    result = db.execute(query.values(**changes).execution_options(synchronize_session=False))
     return bool(getattr(result, "rowcount", 0) == 1)
 
 
 async def start_run(db: AsyncSession, run_id: str) -> Run | None:
     """queued → running, bumping `attempt`; None when the Run is not queued (a duplicate job)."""
-    moved = await apply_transition(db, run_id, RunStatus.QUEUED, RunCommand.START)
-    await db.commit()
-    return await get_run(db, run_id) if moved else None
+    return await db.run_sync(start_run_on, run_id)
+
+
+def start_run_on(db: OrmSession, run_id: str) -> Run | None:
+    """start_run on a synchronous session (fleet_shared.db.engine.run_whole)."""
+    start = RunCommand.START
+    moved = decision_update(db, run_id, decision=decide(RunStatus.QUEUED, start), command=start, attempt=None)
+    db.commit()
+    return db.get(Run, run_id, populate_existing=True) if moved else None
 
 
 async def take_over_run(db: AsyncSession, run_id: str, attempt: int) -> bool:
@@ -159,7 +168,12 @@ class Settlement(msgspec.Struct, frozen=True, kw_only=True):
 async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
     """The Run's ending, assistant Turn, events and artifacts, in one transaction fenced by attempt
     and status: a late writer (an older attempt) changes nothing."""
-    moved = await apply_decision(
+    return await db.run_sync(commit_settlement_on, s)
+
+
+def commit_settlement_on(db: OrmSession, s: Settlement) -> bool:
+    """commit_settlement on a synchronous session (fleet_shared.db.engine.run_whole)."""
+    moved = decision_update(
         db,
         s.run_id,
         decision=decide_ending(s.current, s.command),
@@ -173,7 +187,7 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
         },
     )
     if not moved:
-        await db.rollback()
+        db.rollback()
         return False
     db.add(
         Turn(
@@ -189,7 +203,7 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
     )
     artifacts = [e for e in s.events if isinstance(e, ArtifactCreated)]
     if artifacts:  # their bytes are already in the blob store; these rows make them visible
-        await db.execute(
+        db.execute(
             insert(Artifact),
             [
                 {
@@ -206,7 +220,7 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
             ],
         )
     if s.task is not None and s.checkpoint_version is not None:
-        await db.execute(
+        db.execute(
             update(Session)
             # Only over the version this Run read at its claim (one active Run per session and the
             # attempt fence make that so; this keeps it so if either ever changes).
@@ -214,7 +228,7 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
             .values(task=s.task, checkpoint_version=s.checkpoint_version)
         )
     if s.events:
-        await db.execute(
+        db.execute(
             insert(RunEventRow),
             [
                 {
@@ -226,7 +240,7 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
                 for e in s.events
             ],
         )
-    await db.commit()
+    db.commit()
     return True
 
 

@@ -1,0 +1,130 @@
+"""A worker's two writes on a Turn's path, its start and its settlement, each run whole: on a file
+SQLite engine in one hop to the twin's thread, on PostgreSQL through `run_sync`; on both databases
+the fencing is unchanged."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+from sqlalchemy import event, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import Session as OrmSession
+
+from fleet_shared.db import queries, runs
+from fleet_shared.db.engine import create_engine, dispose_engine, run_whole, session_factory, sqlite_twin
+from fleet_shared.db.models import Run
+from fleet_shared.events import RunCompleted
+from fleet_shared.run_state import RunCommand, RunStatus
+from fleet_worker.settlement import commit_with_retry
+from fleet_worker.turn import claim_run
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    created = create_engine(database_url)
+    yield created
+    await dispose_engine(created)
+
+
+class Statements:
+    """Each statement's first word and the thread it ran in, as the driver was handed it."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.seen: list[tuple[str, str]] = []
+        twin = sqlite_twin(engine)
+        for sync_engine in (engine.sync_engine, *((twin.engine,) if twin else ())):
+            event.listen(sync_engine, "before_cursor_execute", self.keep)
+
+    def keep(self, _conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        self.seen.append((statement.split(maxsplit=1)[0].upper(), threading.current_thread().name))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.seen]
+
+    def threads(self) -> set[str]:
+        return {thread for _, thread in self.seen}
+
+
+async def queued_run(engine: AsyncEngine) -> str:
+    async with session_factory(engine)() as db:
+        session_id = (await queries.create_session(db, "t")).id
+    claimed = await queries.claim_turn(
+        engine, session_id=session_id, idempotency_key="k", fingerprint="f", text="hi", model="scripted/t"
+    )
+    assert isinstance(claimed, queries.Claimed)
+    return claimed.run.id
+
+
+def assert_run_whole(engine: AsyncEngine, statements: Statements) -> None:
+    if sqlite_twin(engine) is not None:  # every statement in one of the twin's threads
+        (thread,) = statements.threads()
+        assert thread.startswith("fleet-sqlite"), statements.seen
+    else:  # PostgreSQL: on the event loop's thread, a round trip per statement
+        assert statements.threads() == {threading.current_thread().name}, statements.seen
+
+
+async def test_a_runs_start_is_one_unit_and_a_duplicate_job_starts_nothing(engine: AsyncEngine) -> None:
+    sessions = session_factory(engine)
+    run_id = await queued_run(engine)
+    statements = Statements(engine)
+    deps = SimpleNamespace(sessions=sessions)
+    claim = await claim_run(deps, run_id)  # type: ignore[arg-type]
+    assert claim is not None and (claim.run_id, claim.attempt, claim.user_sequence) == (run_id, 1, 1)
+    assert statements.kinds() == ["UPDATE", "SELECT", "SELECT"]  # the fenced start, the Run, its session
+    assert_run_whole(engine, statements)
+    assert await claim_run(deps, run_id) is None  # a second delivery of the job: not queued any more
+    async with sessions() as db:
+        run = await queries.get_run(db, run_id)
+        assert run is not None and (run.status, run.attempt) == ("running", 1)
+
+
+async def test_a_settlement_is_one_unit_and_a_stale_attempt_changes_nothing(engine: AsyncEngine) -> None:
+    sessions = session_factory(engine)
+    run_id = await queued_run(engine)
+    claim = await claim_run(SimpleNamespace(sessions=sessions), run_id)  # type: ignore[arg-type]
+    assert claim is not None
+    settlement = runs.Settlement(
+        run_id=run_id,
+        session_id=claim.session_id,
+        attempt=claim.attempt,
+        current=RunStatus.RUNNING,
+        command=RunCommand.COMPLETE,
+        sequence=claim.user_sequence + 1,
+        parts=[{"type": "text", "text": "42"}],
+        turn_status="completed",
+        events=[RunCompleted(run_id=run_id, seq=1, duration_ms=5)],
+    )
+    deadline = time.monotonic() + 10
+    stale = msgspec.structs.replace(settlement, attempt=7)
+    assert await commit_with_retry(sessions, stale, deadline=deadline) is False
+    statements = Statements(engine)
+    assert await commit_with_retry(sessions, settlement, deadline=deadline) is True
+    assert statements.kinds()[:2] == ["SELECT", "UPDATE"] and "INSERT" in statements.kinds()
+    assert_run_whole(engine, statements)
+    assert await commit_with_retry(sessions, settlement, deadline=deadline) is True  # its own commit again
+    async with sessions() as db:
+        run = await queries.get_run(db, run_id)
+        assert run is not None and (run.status, run.last_seq) == ("completed", 1)
+        turns = await queries.list_turns(db, claim.session_id, after_sequence=0, limit=10)
+        assert [(t.role, t.parts) for t in turns][1] == ("assistant", [{"type": "text", "text": "42"}])
+        assert len(turns) == 2  # nothing written twice
+
+
+async def test_work_that_raises_leaves_nothing_behind(engine: AsyncEngine) -> None:
+    sessions = session_factory(engine)
+    run_id = await queued_run(engine)
+
+    def fail_after_writing(db: OrmSession) -> None:
+        db.execute(update(Run).where(Run.id == run_id).values(status=RunStatus.FAILED.value))
+        raise RuntimeError("midway")
+
+    with pytest.raises(RuntimeError, match="midway"):
+        await run_whole(sessions, fail_after_writing)
+    async with sessions() as db:
+        run = await queries.get_run(db, run_id)
+        assert run is not None and run.status == "queued"
