@@ -22,9 +22,12 @@ from fleet_shared.queue import (
     ENQUEUE_SCRIPT,
     ENQUEUE_SHA,
     RUN_TURN,
+    WAITING_SCRIPT,
+    WAITING_SHA,
     deserialize_job,
     enqueue_run,
     serialize_job,
+    waiting_job_ids,
 )
 
 
@@ -118,3 +121,20 @@ async def test_an_enqueue_without_its_notice_tells_no_one(redis_client: aioredis
         assert await enqueue_run(redis_client, queue, str(uuid.uuid4()))
         assert await notices() == 1
     assert await redis_client.zcard(queue) == 2  # both queued
+
+
+async def test_the_waiting_jobs_are_the_due_ones_no_worker_has_started(redis_client: aioredis.Redis) -> None:
+    """What a worker's wake-up hands to arq's start_jobs: oldest first, without the jobs running
+    (arq keeps those in the queue until they end) or not yet due, in one round trip."""
+    queue = f"q-{uuid.uuid4().hex}"
+    first, running, later = (str(uuid.uuid4()) for _ in range(3))
+    for run_id in (first, running, later):
+        assert await enqueue_run(redis_client, queue, run_id, announce=False)
+    await redis_client.set(ARQ_IN_PROGRESS_PREFIX + running, b"1")  # a worker took it
+    not_due = str(uuid.uuid4())
+    await redis_client.zadd(queue, {not_due: int(time.time() * 1000) + 60_000})  # a deferred retry
+    assert await waiting_job_ids(redis_client, queue, 100) == [first.encode(), later.encode()]
+    assert await waiting_job_ids(redis_client, queue, 1) == [first.encode()]  # arq's read limit
+    await redis_client.script_flush()  # a restarted Redis: loaded again
+    assert await waiting_job_ids(redis_client, queue, 100) == [first.encode(), later.encode()]
+    assert await redis_client.script_load(WAITING_SCRIPT) == WAITING_SHA

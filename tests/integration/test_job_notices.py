@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ from fleet_gateway.app import create_app
 from fleet_shared.db import queries
 from fleet_shared.event_log import jobs_channel
 from fleet_shared.events import RunCompleted
-from fleet_shared.queue import RUN_TURN, enqueue_run
+from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, RUN_TURN, enqueue_run
 from fleet_worker.app import build_worker
 from tests.conftest import migrate
 from tests.integration.harness import Harness
@@ -226,3 +227,36 @@ async def test_the_gateway_announces_a_queued_turn_once_and_a_replay_not_at_all(
 
 async def _heard(heard: list[object], count: int) -> bool:
     return len(heard) >= count
+
+
+async def test_a_wake_up_checks_only_the_jobs_no_worker_has_started(harness_factory: Any) -> None:
+    """arq keeps a job in its queue until the job ends. A worker woken by a notice hands arq's
+    start_jobs only the jobs nobody runs: it used to check every running one first (WATCH, EXISTS,
+    ZSCORE, UNWATCH each), so at 8 slots a new Turn waited behind ~28 round trips. Counted by
+    Redis itself (INFO commandstats); a sample that arq's own poll overlapped (its abort check
+    runs ZREMRANGEBYSCORE, which nothing else here does) is taken again."""
+    harness = slow_polling(harness_factory(SUBMIT, SUBMIT, SUBMIT))
+    queue = harness.settings.profile.worker.queue_name
+    async with running(harness):
+        for _ in range(3):  # jobs another worker is running
+            elsewhere = await harness.submit(enqueue=False)
+            await enqueue_run(harness.redis, queue, elsewhere, announce=False)
+            await harness.redis.set(ARQ_IN_PROGRESS_PREFIX + elsewhere, b"1", px=60_000)
+        watches = None
+        for _ in range(3):
+            run_id = await harness.submit(enqueue=False)
+            before = await command_counts(harness)
+            await enqueue(harness, run_id, announce=True)
+            await until(functools.partial(_not_queued, harness, run_id), within=SLOW_POLL_SECONDS / 2)
+            after = await command_counts(harness)
+            await until(functools.partial(_is, harness, run_id, "completed"), within=TAKEN_WITHIN_SECONDS * 3)
+            if after["zremrangebyscore"] == before["zremrangebyscore"]:  # arq's poll stayed out of it
+                watches = after["watch"] - before["watch"]
+                break
+    assert watches == 1  # the new job's own check under arq's lock, and no other
+
+
+async def command_counts(harness: Harness) -> dict[str, int]:
+    stats = await harness.redis.info("commandstats")
+    names = ("watch", "zremrangebyscore")
+    return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names}

@@ -13,7 +13,6 @@ from typing import Any
 import structlog
 from arq import Worker
 from arq.connections import RedisSettings
-from arq.utils import timestamp_ms
 from arq.worker import func
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -23,7 +22,7 @@ from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, dispose_engine, session_factory
 from fleet_shared.event_log import RunLog
-from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job
+from fleet_shared.queue import RUN_TURN, deserialize_job, health_check_key, serialize_job, waiting_job_ids
 from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import RETRY_ON, connect, listener, retry_policy
 from fleet_shared.shutdown import bounded, stop_loop
@@ -161,9 +160,10 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
 
 class JobWaker:
     """Picks jobs as soon as one is announced (fleet_shared.queue.enqueue_run), rather than at
-    the worker's next `poll_delay`: arq's own `start_jobs`, on the ids its poll would read. It
-    starts each job under arq's per-job in-progress lock, so running it beside arq's loop (or on
-    two workers at once) starts each job once. tests/integration/test_job_notices.py pins it."""
+    the worker's next `poll_delay`: arq's own `start_jobs`, on the ids its poll would read less
+    those already running (fleet_shared.queue.waiting_job_ids). It starts each job under arq's
+    per-job in-progress lock, so running it beside arq's loop (or on two workers at once) starts
+    each job once. tests/integration/test_job_notices.py pins it."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -201,14 +201,9 @@ class JobWaker:
                 if self.full():
                     continue  # full or draining: the next slot_freed (or arq's poll) comes back
             try:  # only the job pick of arq's poll: its own loop keeps the rest (aborts, heartbeat)
-                job_ids = await worker.pool.zrangebyscore(
-                    worker.queue_name,
-                    min=float("-inf"),
-                    max=timestamp_ms(),
-                    start=0,
-                    num=worker.queue_read_limit,
-                )
-                await worker.start_jobs(job_ids)
+                job_ids = await waiting_job_ids(worker.pool, worker.queue_name, worker.queue_read_limit)
+                if job_ids:
+                    await worker.start_jobs(job_ids)
             except Exception as exc:  # never die: arq's own poll still runs, and reports Redis faults
                 log.warning("worker.wake_poll_failed", error_type=type(exc).__name__, error=str(exc))
 
