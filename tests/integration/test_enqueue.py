@@ -127,14 +127,21 @@ async def test_the_waiting_jobs_are_the_due_ones_no_worker_has_started(redis_cli
     """What a worker's wake-up hands to arq's start_jobs: oldest first, without the jobs running
     (arq keeps those in the queue until they end) or not yet due, in one round trip."""
     queue = f"q-{uuid.uuid4().hex}"
-    first, running, later = (str(uuid.uuid4()) for _ in range(3))
-    for run_id in (first, running, later):
+    now = int(time.time() * 1000)
+    first, running, later, last = (str(uuid.uuid4()) for _ in range(4))
+    for age, run_id in enumerate((last, later, running, first), start=1):  # scores a second apart
         assert await enqueue_run(redis_client, queue, run_id, announce=False)
-    await redis_client.set(ARQ_IN_PROGRESS_PREFIX + running, b"1")  # a worker took it
+        await redis_client.zadd(queue, {run_id: now - 1000 * age})
+    await redis_client.set(ARQ_IN_PROGRESS_PREFIX + running, b"1", px=60_000)  # a worker took it
     not_due = str(uuid.uuid4())
-    await redis_client.zadd(queue, {not_due: int(time.time() * 1000) + 60_000})  # a deferred retry
-    assert await waiting_job_ids(redis_client, queue, 100) == [first.encode(), later.encode()]
-    assert await waiting_job_ids(redis_client, queue, 1) == [first.encode()]  # arq's read limit
+    await redis_client.zadd(queue, {not_due: now + 60_000})  # a deferred retry
+    waiting = [first.encode(), later.encode(), last.encode()]
+    assert await waiting_job_ids(redis_client, queue, 100) == waiting
+    assert await waiting_job_ids(redis_client, queue, 2) == waiting[:2]  # arq's read limit
+    await redis_client.set(ARQ_IN_PROGRESS_PREFIX + first, b"1", px=60_000)
+    # Two running ahead of them fill a first batch of two: it reads on to the waiting ones.
+    assert await waiting_job_ids(redis_client, queue, 2) == waiting[1:]
+    assert await waiting_job_ids(redis_client, queue, 1) == waiting[1:2]
     await redis_client.script_flush()  # a restarted Redis: loaded again
-    assert await waiting_job_ids(redis_client, queue, 100) == [first.encode(), later.encode()]
+    assert await waiting_job_ids(redis_client, queue, 100) == waiting[1:]
     assert await redis_client.script_load(WAITING_SCRIPT) == WAITING_SHA

@@ -4,6 +4,7 @@ the fencing is unchanged."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -101,7 +102,9 @@ async def test_a_settlement_is_one_unit_and_a_stale_attempt_changes_nothing(engi
     )
     deadline = time.monotonic() + 10
     stale = msgspec.structs.replace(settlement, attempt=7)
-    assert await commit_with_retry(sessions, stale, deadline=deadline) is False
+    assert await commit_with_retry(sessions, stale, deadline=deadline) is False  # the read fences it
+    # Past the read (as if the Run changed hands between the two), the UPDATE's own fence holds.
+    assert await run_whole(sessions, functools.partial(runs.commit_settlement_on, s=stale)) is False
     statements = Statements(engine)
     assert await commit_with_retry(sessions, settlement, deadline=deadline) is True
     assert statements.kinds()[:2] == ["SELECT", "UPDATE"] and "INSERT" in statements.kinds()

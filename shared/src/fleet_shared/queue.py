@@ -91,17 +91,26 @@ async def announce_queued(redis: Redis, queue_name: str) -> None:
         await redis.publish(jobs_channel(redis, queue_name), b"1")
 
 
-# The ids arq's poll would read (due now, oldest first), less those some worker is running: arq
-# keeps a job in the queue until it ends, so a worker with busy slots would otherwise check each
-# running job (WATCH, EXISTS, ZSCORE) before it reached the new one, four round trips apiece.
-# arq's start_jobs still makes its own check under its lock; this only skips the jobs it would
-# skip. The in-progress keys are named from the ids, so the script reads keys it is not passed:
-# fleet's queue lives on one Redis, not a Cluster. KEYS: the queue; ARGV: now (ms), limit, prefix.
+# Up to `limit` ids of due jobs (oldest first) that no worker is running. arq keeps a job in the
+# queue until it ends, so a worker with busy slots would otherwise check each running job (WATCH,
+# EXISTS, ZSCORE) before it reached the new one, four round trips apiece; and arq's own read of
+# its first `limit` ids finds none waiting once that many are running across the fleet, so this
+# reads on, a batch at a time, past the running ones. arq's start_jobs still makes its own check
+# under its lock; this only skips the jobs it would skip. The in-progress keys are named from the
+# ids, so the script reads keys it is not passed: fleet's queue lives on one Redis, not a Cluster.
+# KEYS: the queue; ARGV: now (ms), limit, the in-progress prefix.
 WAITING_SCRIPT = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
-local waiting = {}
-for _, id in ipairs(ids) do
-  if redis.call('EXISTS', ARGV[3] .. id) == 0 then waiting[#waiting + 1] = id end
+local limit = tonumber(ARGV[2])
+local waiting, offset = {}, 0
+while #waiting < limit do
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', offset, limit)
+  for _, id in ipairs(ids) do
+    if #waiting < limit and redis.call('EXISTS', ARGV[3] .. id) == 0 then
+      waiting[#waiting + 1] = id
+    end
+  end
+  if #ids < limit then break end
+  offset = offset + limit
 end
 return waiting
 """

@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from redis.asyncio import Redis
@@ -51,6 +51,7 @@ from fleet_worker.workspace_io import (
 )
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 SETTLE_GRACE_SECONDS = 60.0  # the commit may retry this long past the Turn's deadline
 PUBLISH_TERMINAL_SECONDS = 30.0
 
@@ -101,16 +102,21 @@ async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
     """The arq job. A duplicate (the Run is no longer queued) does nothing."""
     deps: WorkerDeps = ctx["deps"]
     with structlog.contextvars.bound_contextvars(run_id=run_id, job_try=ctx.get("job_try")):
-        claim = await claim_run(deps, run_id)
+        # A cancel cannot stop a claim already under way (on SQLite it runs whole in a thread):
+        # let it land, then end the Turn it started rather than leave it running, lease-less.
+        claim, cancelled = await finish_even_if_cancelled(claim_run(deps, run_id))
         if claim is None:
             log.info("turn.duplicate_job")
+            if cancelled:
+                raise asyncio.CancelledError
             return "duplicate"
         log.info("turn.claimed", attempt=claim.attempt)
         metrics.observe_queue_wait(ctx.get("enqueue_time"))
-        cancelled = False
         async with AsyncExitStack() as cleanup:
             turn = await hold(deps, claim, cleanup)
             try:
+                if cancelled:  # the worker stopped during the claim: straight to the ending
+                    raise asyncio.CancelledError
                 outcome = await prepare_and_execute(deps, turn, cleanup)
             except asyncio.CancelledError:
                 # The worker is stopping and its drain time ran out: end the Turn properly.
@@ -123,10 +129,11 @@ async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
         return status
 
 
-async def finish_even_if_cancelled(settling: Coroutine[Any, Any, str]) -> tuple[str, bool]:
-    """Await settlement to the end however often we are cancelled meanwhile (arq's close waits for
-    this task, so the DB and Redis stay open); report whether a cancellation arrived."""
-    task = asyncio.ensure_future(settling)
+async def finish_even_if_cancelled(work: Coroutine[Any, Any, T]) -> tuple[T, bool]:
+    """Await `work` (a claim, a settlement) to the end however often we are cancelled meanwhile
+    (arq's close waits for this task, so the DB and Redis stay open); report whether a
+    cancellation arrived."""
+    task = asyncio.ensure_future(work)
     cancelled = False
     while not task.done():
         try:

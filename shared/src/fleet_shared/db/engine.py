@@ -97,9 +97,12 @@ async def run_whole(sessions: async_sessionmaker[AsyncSession], work: Callable[[
 
     On a file SQLite engine it runs whole on the twin, in one hop to a thread: through aiosqlite
     every statement is several hops to its thread and back, and each hop waits for the worker's
-    busy event loop (a Run's start took 24 ms at 8 Turns at once, its settlement 24 ms;
-    docs/decisions/0009-the-turn-latency-path.md). Elsewhere it runs through `run_sync` on an
-    AsyncSession: the same code, a round trip per statement."""
+    busy event loop (at 8 Turns at once a Run's start took 35-40 ms, its settlement 40-60;
+    docs/decisions/0009-the-turn-latency-path.md, decision 19). Elsewhere it runs through
+    `run_sync` on an AsyncSession: the same code, a round trip per statement.
+
+    A cancel does not stop work already in its thread: the caller learns of it only after the
+    work has ended, committed or not (fleet_worker.turn awaits its claim to the end)."""
     engine = sessions.kw.get("bind")
     twin = sqlite_twin(engine) if isinstance(engine, AsyncEngine) else None
     if twin is not None:
