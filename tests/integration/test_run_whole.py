@@ -1,6 +1,6 @@
-"""A worker's two writes on a Turn's path, its start and its settlement, each run whole: on a file
-SQLite engine in one hop to the twin's thread, on PostgreSQL through `run_sync`; on both databases
-the fencing is unchanged."""
+"""A worker's database work on a Turn's path (the Run's start, the history it reads, its
+settlement) each run whole: on a file SQLite engine in one hop to the twin's thread, on PostgreSQL
+through `run_sync`; on both databases the fencing is unchanged."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from fleet_shared.db.engine import create_engine, dispose_engine, run_whole, ses
 from fleet_shared.db.models import Run
 from fleet_shared.events import RunCompleted
 from fleet_shared.run_state import RunCommand, RunStatus
+from fleet_worker.conversation import load_conversation
 from fleet_worker.settlement import commit_with_retry
-from fleet_worker.turn import claim_run
+from fleet_worker.turn import Claim, claim_run
 
 
 @pytest.fixture
@@ -61,6 +62,20 @@ async def queued_run(engine: AsyncEngine) -> str:
     return claimed.run.id
 
 
+async def started_run(engine: AsyncEngine) -> tuple[Claim, runs.Settlement]:
+    """A Run the worker has started, and the settlement that answers it with "42"."""
+    run_id = await queued_run(engine)
+    claim = await claim_run(SimpleNamespace(sessions=session_factory(engine)), run_id)  # type: ignore[arg-type]
+    assert claim is not None
+    answered = runs.Settlement(
+        run_id=run_id, session_id=claim.session_id, attempt=claim.attempt, current=RunStatus.RUNNING,
+        command=RunCommand.COMPLETE, sequence=claim.user_sequence + 1,
+        parts=[{"type": "text", "text": "42"}], turn_status="completed",
+        events=[RunCompleted(run_id=run_id, seq=1, duration_ms=5)],
+    )  # fmt: skip
+    return claim, answered
+
+
 def assert_run_whole(engine: AsyncEngine, statements: Statements) -> None:
     if sqlite_twin(engine) is not None:  # every statement in one of the twin's threads
         (thread,) = statements.threads()
@@ -86,20 +101,8 @@ async def test_a_runs_start_is_one_unit_and_a_duplicate_job_starts_nothing(engin
 
 async def test_a_settlement_is_one_unit_and_a_stale_attempt_changes_nothing(engine: AsyncEngine) -> None:
     sessions = session_factory(engine)
-    run_id = await queued_run(engine)
-    claim = await claim_run(SimpleNamespace(sessions=sessions), run_id)  # type: ignore[arg-type]
-    assert claim is not None
-    settlement = runs.Settlement(
-        run_id=run_id,
-        session_id=claim.session_id,
-        attempt=claim.attempt,
-        current=RunStatus.RUNNING,
-        command=RunCommand.COMPLETE,
-        sequence=claim.user_sequence + 1,
-        parts=[{"type": "text", "text": "42"}],
-        turn_status="completed",
-        events=[RunCompleted(run_id=run_id, seq=1, duration_ms=5)],
-    )
+    claim, settlement = await started_run(engine)
+    run_id = claim.run_id
     deadline = time.monotonic() + 10
     stale = msgspec.structs.replace(settlement, attempt=7)
     assert await commit_with_retry(sessions, stale, deadline=deadline) is False  # the read fences it
@@ -131,3 +134,22 @@ async def test_work_that_raises_leaves_nothing_behind(engine: AsyncEngine) -> No
     async with sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None and run.status == "queued"
+
+
+async def test_a_turns_history_is_read_in_one_unit(engine: AsyncEngine) -> None:
+    """The conversation a Turn starts from (fleet_worker.conversation): on every Turn's path."""
+    sessions = session_factory(engine)
+    claim, answered = await started_run(engine)
+    assert await commit_with_retry(sessions, answered, deadline=time.monotonic() + 10)
+    claimed = await queries.claim_turn(
+        engine, session_id=claim.session_id, idempotency_key="k2", fingerprint="f", text="and?", model="m"
+    )
+    assert isinstance(claimed, queries.Claimed)
+    statements = Statements(engine)
+    conversation = await load_conversation(
+        sessions, claim.session_id, claimed.run.user_sequence, max_turns=20, max_chars=10_000
+    )
+    assert conversation.request == "and?"
+    assert conversation.history == [{"request": "hi", "answer": "42"}]
+    assert statements.kinds() == ["SELECT"]  # no attachments or skills: nothing else to read
+    assert_run_whole(engine, statements)

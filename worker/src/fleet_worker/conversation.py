@@ -6,12 +6,16 @@ text, reach the RLM: a long session can never outgrow a prompt or the sandbox's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db import files, queries, skills
+from fleet_shared.db.engine import run_whole
+from fleet_shared.db.models import Attachment, Skill, Turn
 from fleet_shared.skills import SelectedSkill, selected_skills
 from fleet_worker.errors import TurnFailed
 
@@ -55,12 +59,16 @@ async def load_conversation(
     # Two rows (request, answer) per earlier Turn, plus this Turn's request; one more for a
     # request whose answer failed (it is skipped, not counted).
     first = max(0, user_sequence - 2 * max_turns - 2)
-    async with sessions() as db:
-        turns = await queries.list_turns(db, session_id, after_sequence=first, limit=user_sequence - first)
+
+    def read(db: OrmSession) -> tuple[Sequence[Turn], list[Attachment], list[SelectedSkill], list[Skill]]:
+        turns = queries.list_turns_on(db, session_id, after_sequence=first, limit=user_sequence - first)
         sent = next((t.parts for t in turns if t.sequence == user_sequence), [])
-        rows = await files.get_attachments(db, attachment_ids(sent))
         selection = selected_skills(sent)
-        cards = await skills.get_skills(db, [s.skill_id for s in selection])
+        cards = skills.get_skills_on(db, [s.skill_id for s in selection])
+        return turns, files.get_attachments_on(db, attachment_ids(sent)), selection, cards
+
+    # One hop on SQLite (fleet_shared.db.engine.run_whole): the history is on every Turn's path.
+    turns, rows, selection, cards = await run_whole(sessions, read)
     attachments = [AttachmentRef(r.id, r.filename, r.media_type, r.byte_size) for r in rows]
     chosen = [SkillRef(c.id, c.name, c.version, c.description, c.body) for c in cards]
     stale = changed_skills(selection, chosen)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db.models import Artifact, Attachment
 from fleet_shared.db.queries import now
@@ -39,9 +40,14 @@ async def get_attachment(db: AsyncSession, attachment_id: str) -> Attachment | N
 
 async def get_attachments(db: AsyncSession, ids: Sequence[str]) -> list[Attachment]:
     """The attachments with these ids, in the order asked (unknown ids are left out)."""
+    return await db.run_sync(get_attachments_on, ids) if ids else []
+
+
+def get_attachments_on(db: OrmSession, ids: Sequence[str]) -> list[Attachment]:
+    """get_attachments on a synchronous session (fleet_shared.db.engine.run_whole)."""
     if not ids:
         return []
-    rows = (await db.scalars(select(Attachment).where(Attachment.id.in_(list(ids))))).all()
+    rows = db.scalars(select(Attachment).where(Attachment.id.in_(list(ids)))).all()
     found = {row.id: row for row in rows}
     return [found[i] for i in ids if i in found]
 

@@ -12,6 +12,7 @@ import msgspec
 from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func, insert, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db.engine import sqlite_twin
 from fleet_shared.db.models import ACTIVE_SQL, Attachment, Run, RunEventRow, Session, Skill, Turn, Workspace
@@ -326,7 +327,12 @@ async def get_run(db: AsyncSession, run_id: str) -> Run | None:
 
 
 async def list_turns(db: AsyncSession, session_id: str, *, after_sequence: int, limit: int) -> Sequence[Turn]:
-    rows = await db.scalars(
+    return await db.run_sync(list_turns_on, session_id, after_sequence=after_sequence, limit=limit)
+
+
+def list_turns_on(db: OrmSession, session_id: str, *, after_sequence: int, limit: int) -> Sequence[Turn]:
+    """list_turns on a synchronous session (fleet_shared.db.engine.run_whole)."""
+    rows = db.scalars(
         select(Turn)
         .where(Turn.session_id == session_id, Turn.sequence > after_sequence)
         .order_by(Turn.sequence)

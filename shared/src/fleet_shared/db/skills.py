@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db.models import Skill
 from fleet_shared.db.queries import contains_pattern
@@ -34,8 +35,13 @@ async def get_skill(db: AsyncSession, skill_id: str) -> Skill | None:
 
 async def get_skills(db: AsyncSession, ids: Sequence[str]) -> list[Skill]:
     """The skills with these ids, in the order asked (unknown ids are left out)."""
+    return await db.run_sync(get_skills_on, ids) if ids else []
+
+
+def get_skills_on(db: OrmSession, ids: Sequence[str]) -> list[Skill]:
+    """get_skills on a synchronous session (fleet_shared.db.engine.run_whole)."""
     if not ids:
         return []
-    rows = (await db.scalars(select(Skill).where(Skill.id.in_(list(ids))))).all()
+    rows = db.scalars(select(Skill).where(Skill.id.in_(list(ids)))).all()
     found = {row.id: row for row in rows}
     return [found[i] for i in ids if i in found]
