@@ -159,14 +159,35 @@ def test_dev_postgresql_migrates_from_a_plain_job_that_waits_for_it() -> None:
 def test_probes() -> None:
     manifests = render(MINIMAL)
     gateway = container(find(manifests, "Deployment", "gateway"))
-    assert gateway["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    assert gateway["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    local = [{"name": "Host", "value": "localhost"}]  # the gateway answers to names it knows only
+    for probe, path in (
+        ("startupProbe", "/health"),
+        ("livenessProbe", "/health"),
+        ("readinessProbe", "/ready"),
+    ):
+        assert gateway[probe]["httpGet"] == {"path": path, "port": "http", "httpHeaders": local}
     assert gateway["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     worker = container(find(manifests, "Deployment", "worker"))
     assert worker["ports"] == [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert worker[probe]["httpGet"] == {"path": "/health", "port": "metrics"}
     assert worker["args"][:3] == ["worker", "--metrics-host=0.0.0.0", "--metrics-port=9100"]
+
+
+def test_the_gateway_answers_to_its_service_names_and_the_listed_hosts() -> None:
+    hosts = {"gateway.allowedHosts[0]": "fleet.example.com", "gateway.allowedHosts[1]": ".corp.example"}
+    manifests = render(MINIMAL, settings=hosts)
+    env = {e["name"]: e.get("value") for e in container(find(manifests, "Deployment", "gateway"))["env"]}
+    service = find(manifests, "Service", "gateway")["metadata"]
+    name, namespace = service["name"], service["namespace"]
+    assert env["FLEET_ALLOWED_HOSTS"].split(",") == [
+        name,
+        f"{name}.{namespace}",
+        f"{name}.{namespace}.svc",
+        f"{name}.{namespace}.svc.cluster.local",
+        "fleet.example.com",
+        ".corp.example",
+    ]
 
 
 def grace(manifests: list[Manifest], component: str) -> int:

@@ -65,7 +65,9 @@ def completed(contract_stack: Stack) -> Completed:
     with contract_stack.client() as client:
         session_id = new_session(client)
         upload = client.post(
-            "/api/attachments", files={"attachment": ("rows.csv", b"a,b\n1,2\n", "text/csv")}
+            "/api/attachments",
+            files={"attachment": ("rows.csv", b"a,b\n1,2\n", "text/csv")},
+            headers={"x-requested-with": "fleet-tui"},  # as our client sends it
         )
         assert upload.status_code == 201, upload.text
         body = {"attachment_ids": [upload.json()["id"]], "skill_selections": [{"id": SKILL}]}

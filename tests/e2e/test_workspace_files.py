@@ -34,7 +34,11 @@ def new_session(client: httpx.Client) -> str:
 
 
 def upload(client: httpx.Client, name: str, data: bytes, media_type: str) -> dict[str, object]:
-    response = client.post("/api/attachments", files={"attachment": (name, data, media_type)})
+    response = client.post(
+        "/api/attachments",
+        files={"attachment": (name, data, media_type)},
+        headers={"x-requested-with": "e2e"},
+    )
     assert response.status_code == 201, response.text
     return dict(response.json())
 

@@ -26,6 +26,7 @@ from fleet_shared.db.models import Artifact
 from fleet_shared.db.queries import Claimed, claim_turn, now
 
 REPO = Path(__file__).resolve().parents[2]
+UPLOAD = {"x-requested-with": "test"}  # uploads need a header no plain web form can send
 
 
 def settings_in(folder: Path, database_url: str, redis_url: str) -> Settings:
@@ -217,7 +218,9 @@ def test_attachment_upload_is_capped_checked_and_described(
 ) -> None:
     data = os.urandom(300_000)
     ok = client.post(
-        "/api/attachments", files={"attachment": ("../../etc/pa ss$wd.bin", data, "application/zip")}
+        "/api/attachments",
+        files={"attachment": ("../../etc/pa ss$wd.bin", data, "application/zip")},
+        headers=UPLOAD,
     )
     assert ok.status_code == 201, ok.text
     body = ok.json()
@@ -230,18 +233,24 @@ def test_attachment_upload_is_capped_checked_and_described(
     assert client.get("/api/attachments/not-a-uuid").status_code == 404
 
     limit = settings.profile.storage.max_attachment_mb * 2**20
-    big = client.post("/api/attachments", files={"attachment": ("big.bin", b"x" * (limit + 1), "text/plain")})
+    big = client.post(
+        "/api/attachments",
+        files={"attachment": ("big.bin", b"x" * (limit + 1), "text/plain")},
+        headers=UPLOAD,
+    )
     assert big.status_code == 413 and big.json()["code"] == "payload_too_large"
-    wrong_field = client.post("/api/attachments", files={"file": ("a.txt", b"a", "text/plain")})
+    wrong_field = client.post(
+        "/api/attachments", files={"file": ("a.txt", b"a", "text/plain")}, headers=UPLOAD
+    )
     assert wrong_field.status_code == 422
     not_multipart = client.post(
-        "/api/attachments", content=b"{}", headers={"content-type": "application/json"}
+        "/api/attachments", content=b"{}", headers={"content-type": "application/json", **UPLOAD}
     )
     assert not_multipart.status_code == 415
     broken = client.post(
         "/api/attachments",
         content=b'--b\r\nContent-Disposition: form-data; name="attachment"\r\n\r\nno end',
-        headers={"content-type": "multipart/form-data; boundary=b"},
+        headers={"content-type": "multipart/form-data; boundary=b", **UPLOAD},
     )
     assert broken.status_code == 422
     body = (
@@ -251,7 +260,7 @@ def test_attachment_upload_is_capped_checked_and_described(
     split = client.post(
         "/api/attachments",
         content=iter([body[:-2], body[-2:]]),  # the closing CRLF arrives on its own
-        headers={"content-type": "multipart/form-data; boundary=b"},
+        headers={"content-type": "multipart/form-data; boundary=b", **UPLOAD},
     )
     assert split.status_code == 201 and split.json()["byte_size"] == 5
     leftovers = list((settings.data_dir / "uploads").iterdir())

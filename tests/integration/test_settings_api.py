@@ -11,29 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from litestar import Litestar
-from litestar.enums import ScopeType
 from litestar.testing import TestClient
-from litestar.types import Receive, Scope, Send
 
 from fleet_gateway.app import create_app
 from fleet_shared.config import Settings, load_settings
+from tests.support.peer import peer_client
 from tests.support.policy import LOCAL_LM_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "sk-env-value-never-shown"
-
-
-class FromPeer:
-    """The app as seen from one socket peer: Litestar's test client always says `testclient`."""
-
-    def __init__(self, app: Litestar, host: str) -> None:
-        self.app, self.host = app, host
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == ScopeType.HTTP:
-            scope["client"] = (self.host, 50000)
-        await self.app(scope, receive, send)
 
 
 @pytest.fixture(autouse=True)
@@ -63,10 +49,6 @@ def settings_for(config: Path, sqlite_url: str, redis_url: str, **extra: str) ->
             **extra,
         }
     )
-
-
-def peer_client(settings: Settings, host: str) -> TestClient:  # type: ignore[type-arg]
-    return TestClient(FromPeer(create_app(settings), host))
 
 
 @pytest.fixture

@@ -157,7 +157,8 @@ export class FleetApi {
   async uploadAttachment(path: string): Promise<AttachmentInfo> {
     const form = new FormData();
     form.append("attachment", await openAsBlob(path), basename(path));
-    const response = await this.request("POST", "/api/attachments", { body: form });
+    // The gateway takes an upload only with a header no plain web form can send.
+    const response = await this.request("POST", "/api/attachments", { body: form, headers: { "x-requested-with": "fleet-tui" } });
     return (await response.json()) as AttachmentInfo;
   }
 

@@ -485,3 +485,11 @@ checkov.io/skip6: "CKV_K8S_40=root (uid 0) by design in cgroup mode"
 checkov.io/skip7: "CKV_K8S_31=privileged containers run unconfined; the jail applies its own seccomp filter to every cell"
 {{- end }}
 {{- end }}
+
+{{/* The gateway's Service names, short to fully qualified, then gateway.allowedHosts. */}}
+{{- define "fleet.gatewayHosts" -}}
+{{- $svc := include "fleet.componentName" (dict "root" . "suffix" "gateway") -}}
+{{- $ns := .Release.Namespace -}}
+{{- $names := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) -}}
+{{- join "," (concat $names .Values.gateway.allowedHosts) -}}
+{{- end }}

@@ -29,6 +29,7 @@ from fleet_cli.banner import print_banner
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import migrate
 from fleet_shared.skills import seed_skills
+from fleet_shared.workspaces import create_dirs
 
 READY_TIMEOUT_SECONDS = 60.0
 STOP_GRACE_SECONDS = 15.0  # beyond the workers' drain time: settling a cancelled Turn
@@ -211,9 +212,9 @@ def prepare_embedded(profile: str | None, host: str, port: int) -> Embedded | in
     probe.setdefault("FLEET_REDIS_URL", "redis://pending")
     settings = load_settings(probe)  # validate the config before starting anything
     data_dir = settings.data_dir.resolve()
-    # 0711: the sandbox's uid may pass through to its workspace, but nobody may list the folder.
-    data_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
-    data_dir.chmod(0o711)
+    # 0711 when fleet makes it: the sandbox's uid may pass through to its workspace, but nobody
+    # may list the folder.
+    create_dirs(data_dir, 0o711)
     lock = claim_data_dir(data_dir)
     if lock is None:
         print(f"fleet: another `fleet up` is running with {data_dir}; stop it first", file=sys.stderr)

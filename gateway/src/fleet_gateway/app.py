@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 from arq.connections import ArqRedis
 from litestar import Litestar, Request, Router
+from litestar.config.cors import CORSConfig
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 from litestar.handlers.base import BaseRouteHandler
@@ -32,6 +33,7 @@ from fleet_gateway.middleware import (
     require_json_body,
 )
 from fleet_gateway.openapi import document_errors, openapi_config
+from fleet_gateway.origins import RequestPolicy, request_policy_middleware
 from fleet_gateway.routes.artifacts import ArtifactController
 from fleet_gateway.routes.attachments import AttachmentController
 from fleet_gateway.routes.feedback import FeedbackController
@@ -136,12 +138,33 @@ def create_app(settings: Settings) -> Litestar:
         middleware=[
             request_id_middleware,
             header_limit_middleware(settings.profile.gateway.limits.max_header_bytes),
+            request_policy_middleware(RequestPolicy.of(settings)),
         ],
+        cors_config=cors_config(settings),
         before_send=[add_request_id_header, count_response],
         request_max_body_size=limits.max_body_bytes,
         openapi_config=openapi_config(VERSION),
         on_startup=[document_errors],
         logging_config=None,  # structlog (configure_logging) owns logging in every process
+    )
+
+
+def cors_config(settings: Settings) -> CORSConfig | None:
+    """CORS for the web origins the operator allowed (none by default: no page may call the API)."""
+    origins = list(settings.profile.gateway.cors.allowed_origins)
+    if not origins:
+        return None
+    return CORSConfig(
+        allow_origins=origins,
+        allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        allow_headers=[
+            "authorization",
+            "content-type",
+            "idempotency-key",
+            "last-event-id",
+            "x-requested-with",
+        ],
+        expose_headers=["x-fleet-run-id", "x-request-id", "etag", "content-length"],
     )
 
 

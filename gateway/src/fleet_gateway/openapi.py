@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from litestar import Litestar
+from litestar.enums import ParamType
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, YamlRenderPlugin
 from litestar.openapi.spec import (
@@ -23,6 +24,7 @@ from litestar.openapi.spec import (
     OpenAPIMediaType,
     OpenAPIResponse,
     Operation,
+    Parameter,
     Reference,
     RequestBody,
     Schema,
@@ -43,13 +45,18 @@ TURN_EXAMPLE: dict[str, object] = {
 }
 ERRORS: dict[str, str] = {
     "401": "`auth_required`: FLEET_API_TOKEN is set and the bearer token is missing or wrong",
-    "403": "`forbidden`: the route is for loopback clients only",
+    "403": (
+        "`forbidden`: the route is for loopback clients only; `origin_not_allowed`: a change from a web "
+        "page of another origin (gateway.cors); `upload_header_required`: an upload without "
+        "X-Requested-With or a bearer token"
+    ),
     "404": "`not_found`: an unknown (or another caller's) resource, or route",
     "405": "`method_not_allowed`, with `Allow`",
     "409": "`turn_in_progress`, `idempotency_key_mismatch`, `session_archived`, `settings_revision_conflict`",
     "413": "`payload_too_large`: the body is over gateway.limits.max_body_bytes",
     "415": "`unsupported_media_type`: send JSON",
     "416": "`range_not_satisfiable`",
+    "421": "`host_not_allowed`: the Host header is not a name this gateway answers to",
     "422": "`validation_error`, `invalid_skill_selection`: the request breaks the schema or a rule",
     "431": "`headers_too_large`: the headers are over gateway.limits.max_header_bytes",
     "500": "`internal_error`: a bug; details only in the server log",
@@ -98,6 +105,7 @@ def complete(document: OpenAPI) -> None:
     upload = paths.get("/api/attachments")
     if upload is not None and upload.post is not None:
         upload.post.request_body = UPLOAD_BODY  # the route parses multipart itself, streaming
+        upload.post.parameters = [*(upload.post.parameters or []), UPLOAD_MARK]
     content = paths.get("/api/artifacts/{artifact_id}/content")
     if content is not None and content.get is not None:
         document_download(content.get)
@@ -154,7 +162,7 @@ def add_errors(path: str, method: str, operation: Operation) -> None:
 
 
 def statuses(path: str, method: str, operation: Operation) -> list[str]:
-    found = ["422", "500", "503"]
+    found = ["421", "422", "500", "503"]  # 421: a Host header of another name, before any route
     if not path.startswith(OPEN_PATHS):
         found.append("401")
     if "{" in path:
@@ -163,6 +171,8 @@ def statuses(path: str, method: str, operation: Operation) -> list[str]:
         found.append("413")
     if method in ("post", "put", "patch"):
         found.append("415")  # a body that is not JSON (the upload: not multipart)
+    if method in ("post", "put", "patch", "delete"):
+        found.append("403")  # from a web page of another origin
     if path == "/api/settings":
         found += ["403", "409"] if method == "patch" else ["403"]
     if method == "post" and path.endswith("/turns"):
@@ -203,6 +213,13 @@ UPLOAD_BODY = RequestBody(
             )
         )
     },
+)
+UPLOAD_MARK = Parameter(
+    name="X-Requested-With",
+    param_in=ParamType.HEADER,
+    required=False,
+    schema=Schema(type=OpenAPIType.STRING),
+    description="any value; needed unless a bearer token is sent (a plain web form cannot send either)",
 )
 REQUEST_ID = OpenAPIHeader(
     schema=Schema(type=OpenAPIType.STRING),

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import msgspec
 
 from fleet_shared.config_file import (
+    HOST_NAME_PATTERN,
     AuthSection,
     BlobSection,
     ConfigFile,
@@ -63,6 +64,7 @@ __all__ = [
 ]
 
 DEFAULT_CONFIG_PATH = Path("config/fleet.toml")
+ALLOWED_HOSTS_ENV = "FLEET_ALLOWED_HOSTS"
 
 
 class Secret:
@@ -133,6 +135,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     api_token: Secret | None
     blobs: ResolvedBlobs
     skills_dir: Path  # the built-in skill cards, seeded into the DB by `fleet db upgrade`
+    # Host names the gateway answers to beyond loopback and its bind address: the profile's
+    # gateway.allowed_hosts, then FLEET_ALLOWED_HOSTS (comma-separated; a chart sets it).
+    allowed_hosts: tuple[str, ...] = ()
 
     @property
     def workspaces_dir(self) -> Path:
@@ -172,8 +177,11 @@ def load_settings(environ: Mapping[str, str] | None = None, *, lm_credentials: b
     profile = profiles[profile_name]
     base = path.parent
     key = f"profiles.{quote_key(profile_name)}.llm"
-    root_lm = resolve_lm(profile.llm.root, f"{key}.root", env, base, lm_credentials)
-    sub_lm = resolve_lm(profile.llm.sub or profile.llm.root, f"{key}.sub", env, base, lm_credentials)
+    secrets = {name for each in profiles.values() for name in secret_variables(each)}
+    root_lm = resolve_lm(profile.llm.root, f"{key}.root", env, base, lm_credentials, secrets=secrets)
+    sub_lm = resolve_lm(
+        profile.llm.sub or profile.llm.root, f"{key}.sub", env, base, lm_credentials, secrets=secrets
+    )
     data_dir = Path(profile.storage.data_dir)
     database_url = (
         env.get("FLEET_DATABASE_URL")
@@ -201,7 +209,16 @@ def load_settings(environ: Mapping[str, str] | None = None, *, lm_credentials: b
         api_token=Secret(token) if token else None,
         blobs=resolve_blobs(profile.storage.blobs, f"{key_prefix}.storage.blobs", env),
         skills_dir=Path(env.get("FLEET_SKILLS_DIR") or base / "skills"),
+        allowed_hosts=(*profile.gateway.allowed_hosts, *allowed_hosts_from(env)),
     )
+
+
+def allowed_hosts_from(env: Mapping[str, str]) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in env.get(ALLOWED_HOSTS_ENV, "").split(",") if name.strip())
+    for name in names:
+        if len(name) > 253 or not re.match(HOST_NAME_PATTERN, name):
+            raise ConfigError(f"{ALLOWED_HOSTS_ENV}: {name[:60]!r} is not a host name")
+    return names
 
 
 def resolve_blobs(section: BlobSection, key: str, env: Mapping[str, str]) -> ResolvedBlobs:
@@ -295,12 +312,50 @@ def quote_key(key: str) -> str:
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
+# Variables that hold secrets whatever the file says, and names that say a variable holds one.
+ALWAYS_SECRET = frozenset({"FLEET_API_TOKEN", "FLEET_DATABASE_URL", "FLEET_REDIS_URL"})
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|COOKIE|_URL|_URI|_DSN")
+# A model name as clients see it (the stream's `start`, the Run row, logs): provider/model.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/\S+")
+MAX_MODEL_CHARS = 200
+
+
+def secret_variables(section: msgspec.Struct) -> set[str]:
+    """Every variable a profile reads as a secret or an address (each `*_env` key but the model's),
+    and those fleet always reads as one."""
+    found = set(ALWAYS_SECRET)
+    for name in section.__struct_fields__:
+        value = getattr(section, name)
+        if isinstance(value, msgspec.Struct):
+            found |= secret_variables(value)
+        elif name.endswith("_env") and name != "model_env" and isinstance(value, str):
+            found.add(value)
+    return found
+
+
 def resolve_lm(
-    section: LMSection, key: str, env: Mapping[str, str], base: Path, credentials: bool = True
+    section: LMSection,
+    key: str,
+    env: Mapping[str, str],
+    base: Path,
+    credentials: bool = True,
+    *,
+    secrets: frozenset[str] | set[str] = ALWAYS_SECRET,
 ) -> ResolvedLM:
     if (section.model is None) == (section.model_env is None):
         raise ConfigError(f"{key}: set exactly one of `model` or `model_env`")
+    if section.model_env is not None and (
+        section.model_env in secrets or SECRET_NAME.search(section.model_env)
+    ):
+        # Its value would be shown as the model: in every stream, Run row and start-up line.
+        raise ConfigError(f"{key}.model_env: {section.model_env} holds a secret, never a model name")
     name = section.model or require_env(env, section.model_env, f"{key}.model_env")
+    if len(name) > MAX_MODEL_CHARS or not MODEL_NAME.fullmatch(name):
+        where = f"{key}.model" if section.model else f"{key}.model_env ({section.model_env})"
+        # The value is not echoed: it came from a variable that may hold anything.
+        raise ConfigError(
+            f"{where}: not a model name (provider/model, at most {MAX_MODEL_CHARS} characters, no spaces)"
+        )
     scripted = name.startswith("scripted/")
     script_path: Path | None = None
     if scripted:

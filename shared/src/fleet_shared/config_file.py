@@ -10,11 +10,47 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Z_][A-Z0-9_]*$")]
+# What the settings API (PATCH /api/settings) may change is declared here, beside each key, in
+# its type's metadata (fleet_shared.settings_policy reads it):
+# - FILE_ONLY: a key that chooses a host path, an executable, an identity or an exposure. Only
+#   whoever edits the file on disk may change it; a request never can.
+# - SETTINGS_ENV: a key naming an environment variable, with the names a request may give it. A
+#   `*_env` key without one is file-only.
+FILE_ONLY = {"file_only": True}
+SETTINGS_ENV = "settings_env"
+ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
+
+EnvName = Annotated[str, msgspec.Meta(pattern=ENV_NAME_PATTERN)]
+# The variable holding an LM's model name: it ends in MODEL, so no request can point it at a key
+# or a token (whose value would then be shown as the model in every stream and log line).
+ModelEnvName = Annotated[
+    str, msgspec.Meta(pattern=ENV_NAME_PATTERN, extra={SETTINGS_ENV: r"^[A-Z0-9_]*MODEL$"})
+]
+LMKeyEnvName = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=ENV_NAME_PATTERN, extra={SETTINGS_ENV: r"^(FLEET_LM_[A-Z0-9_]*|[A-Z0-9_]*_API_KEY)$"}
+    ),
+]
+LMURLEnvName = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=ENV_NAME_PATTERN,
+        extra={SETTINGS_ENV: r"^(FLEET_LM_[A-Z0-9_]*|[A-Z0-9_]*_(BASE_URL|API_BASE))$"},
+    ),
+]
+DaytonaEnvName = Annotated[
+    str, msgspec.Meta(pattern=ENV_NAME_PATTERN, extra={SETTINGS_ENV: r"^(FLEET_)?DAYTONA_[A-Z0-9_]*$"})
+]
+HostPath = Annotated[str, msgspec.Meta(extra=FILE_ONLY)]
 # An address to bind: never empty or blank (that would bind every interface). \Z, not $: a
 # trailing newline must not pass either.
 BIND_HOST_PATTERN = r"^\S+\Z"
-BindHost = Annotated[str, msgspec.Meta(min_length=1, pattern=BIND_HOST_PATTERN)]
+BindHost = Annotated[str, msgspec.Meta(min_length=1, pattern=BIND_HOST_PATTERN, extra=FILE_ONLY)]
+# A host name the gateway answers to (a leading dot matches every subdomain; "*" any name).
+HOST_NAME_PATTERN = r"^(\*|\.?[A-Za-z0-9_.:\[\]-]+)\Z"
+HostName = Annotated[str, msgspec.Meta(min_length=1, max_length=253, pattern=HOST_NAME_PATTERN)]
+Origin = Annotated[str, msgspec.Meta(min_length=1, max_length=300, pattern=r"^https?://[^\s/]+\Z")]
 
 
 class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -33,10 +69,10 @@ class LMSection(Section):
     """
 
     model: str | None = None
-    model_env: EnvName | None = None
-    script: str | None = None
-    api_key_env: EnvName | None = None
-    base_url_env: EnvName | None = None
+    model_env: ModelEnvName | None = None
+    script: HostPath | None = None
+    api_key_env: LMKeyEnvName | None = None
+    base_url_env: LMURLEnvName | None = None
     num_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
     # One HTTP request to the provider (a retry gets its own); the Turn settles at its deadline
     # regardless (docs/rlm.md, the provider path).
@@ -68,8 +104,8 @@ class RLMSection(Section):
 
 
 class LocalSandboxSection(Section):
-    allow_unisolated: bool = False
-    python: str = "auto"
+    allow_unisolated: Annotated[bool, msgspec.Meta(extra=FILE_ONLY)] = False
+    python: HostPath = "auto"
     cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
     memory_mb: Annotated[int, msgspec.Meta(ge=64)] = 1024
     max_processes: Annotated[int, msgspec.Meta(ge=1)] = 64
@@ -78,8 +114,8 @@ class LocalSandboxSection(Section):
     workspace_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024
     workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000
     cpus: Annotated[float, msgspec.Meta(gt=0, le=256)] = 1.0
-    uid_base: Annotated[int, msgspec.Meta(ge=1000, le=2**31 - 2**17)] = 200_000
-    uid_count: Annotated[int, msgspec.Meta(ge=1, le=2**17)] = 65_536
+    uid_base: Annotated[int, msgspec.Meta(ge=1000, le=2**31 - 2**17, extra=FILE_ONLY)] = 200_000
+    uid_count: Annotated[int, msgspec.Meta(ge=1, le=2**17, extra=FILE_ONLY)] = 65_536
     pool_size: Annotated[int, msgspec.Meta(ge=0, le=256)] = 4
     pool_idle_seconds: Annotated[float, msgspec.Meta(ge=1)] = 300
 
@@ -87,12 +123,14 @@ class LocalSandboxSection(Section):
 class DaytonaSection(Section):
     """One Daytona sandbox per session (see docs/daytona.md). Secrets are env var names only."""
 
-    api_key_env: EnvName = "FLEET_DAYTONA_API_KEY"
-    api_url_env: EnvName | None = None
+    api_key_env: DaytonaEnvName = "FLEET_DAYTONA_API_KEY"
+    api_url_env: DaytonaEnvName | None = None
     target: str | None = None
-    snapshot: str = "fleet-repl"  # `fleet daytona snapshot` builds it
-    volume: str = "fleet-workspaces"  # one per deployment; each session mounts its own subpath
-    deployment: str = "fleet"  # the `fleet.deployment` label: what the sweep may delete
+    # Which image runs cells, which volume holds workspaces and which sandboxes the sweep may
+    # delete: each could reach another deployment's, so only the file on disk chooses them.
+    snapshot: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet-repl"  # `fleet daytona snapshot`
+    volume: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet-workspaces"  # a subpath per session
+    deployment: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet"  # the `fleet.deployment` label
     cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
     startup_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
     create_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
@@ -122,10 +160,10 @@ class BlobSection(Section):
 
 
 class StorageSection(Section):
-    data_dir: str = ".fleet"
-    database_url: str | None = None
-    redis_url: str | None = None
-    blobs: BlobSection = msgspec.field(default_factory=BlobSection)
+    data_dir: HostPath = ".fleet"
+    database_url: HostPath | None = None
+    redis_url: HostPath | None = None
+    blobs: Annotated[BlobSection, msgspec.Meta(extra=FILE_ONLY)] = msgspec.field(default_factory=BlobSection)
     max_attachment_mb: Annotated[int, msgspec.Meta(ge=1, le=10_240)] = 50
     max_artifact_mb: Annotated[int, msgspec.Meta(ge=1, le=10_240)] = 100
     max_artifacts_per_run: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 20
@@ -136,7 +174,7 @@ class WorkerSection(Section):
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
     lease_seconds: Annotated[float, msgspec.Meta(ge=2)] = 3
     drain_seconds: Annotated[float, msgspec.Meta(ge=0)] = 30
-    queue_name: str = "fleet:queue"
+    queue_name: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet:queue"  # another's: its workers
     # How often a worker asks Redis for a job, the fallback only: a queued Turn is announced and
     # taken at once, and a slot that frees takes the next. arq's default; each poll is a Redis
     # read, so 20 ms cost every idle worker 50 reads and ~18 ms of CPU a second.
@@ -161,9 +199,21 @@ class AuthSection(Section):
     token_env: EnvName = "FLEET_API_TOKEN"
 
 
+class CorsSection(Section):
+    """Web origins whose pages may call the API (CORS). Empty: none; a request that carries any
+    other origin is refused for every method that can change something."""
+
+    allowed_origins: Annotated[tuple[Origin, ...], msgspec.Meta(max_length=100, extra=FILE_ONLY)] = ()
+
+
 class GatewaySection(Section):
     limits: LimitsSection = msgspec.field(default_factory=LimitsSection)
-    auth: AuthSection = msgspec.field(default_factory=AuthSection)
+    auth: Annotated[AuthSection, msgspec.Meta(extra=FILE_ONLY)] = msgspec.field(default_factory=AuthSection)
+    # Host names the gateway answers to besides localhost, 127.0.0.1, ::1 and its bind address
+    # (FLEET_ALLOWED_HOSTS adds more): any other Host header is refused before routing, so a web
+    # page that rebinds its own name to this address reaches nothing.
+    allowed_hosts: Annotated[tuple[HostName, ...], msgspec.Meta(max_length=100, extra=FILE_ONLY)] = ()
+    cors: Annotated[CorsSection, msgspec.Meta(extra=FILE_ONLY)] = msgspec.field(default_factory=CorsSection)
     # An SSE connection ends after this long (the client resumes with Last-Event-ID), so proxies
     # and rolling deploys never wait on a stream forever.
     stream_max_seconds: Annotated[float, msgspec.Meta(ge=10, le=86_400)] = 900

@@ -20,6 +20,7 @@ import tomlkit.exceptions
 from tomlkit.container import Container
 from tomlkit.items import InlineTable, Table
 
+from fleet_shared import settings_policy
 from fleet_shared.config import (
     convert_profile,
     has_credentials,
@@ -33,7 +34,6 @@ from fleet_shared.errors import ConfigError, InvalidSettingChange, SettingsConfl
 MAX_CHANGES = 50
 ROOT_KEYS = ("config", "profiles")
 KEY_PART = re.compile(r"^[A-Za-z0-9_-]+$")  # bare TOML keys: a dot always separates two parts
-ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 # One writer at a time in this process; other processes are caught by re-reading the file right
 # before the replace.
@@ -134,11 +134,7 @@ def check_changes(changes: Mapping[str, SettingValue]) -> None:
             raise InvalidSettingChange(
                 f"{key}: not a setting (dotted bare keys under `config.` or `profiles.`)"
             )
-        names_a_variable = parts[-1].endswith("_env") and value is not None
-        if names_a_variable and not (isinstance(value, str) and ENV_NAME.match(value)):
-            raise InvalidSettingChange(
-                f"{key}: must be the NAME of an environment variable (A-Z, 0-9, _), never the secret itself"
-            )
+        settings_policy.check_change(key, value)
         for text in value if isinstance(value, list) else [value]:
             if isinstance(text, str) and has_credentials(text):
                 raise InvalidSettingChange(

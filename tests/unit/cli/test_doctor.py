@@ -4,12 +4,14 @@ redaction, the deadline on each check, and the provider check against a loopback
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from fleet_cli import doctor
 from fleet_cli.doctor import (
@@ -35,6 +37,18 @@ REPO = Path(__file__).resolve().parents[3]
 CONFIG = str(REPO / "config" / "fleet.toml")
 SECRET = "pw-unit-must-not-print"
 KEY = "sk-unit-must-not-print"
+
+
+@pytest.fixture(autouse=True)
+def logging_restored() -> Iterator[None]:
+    """run_doctor configures logging onto this test's captured stderr, which pytest closes after
+    it: a later test's log line would then fail on the closed file."""
+    saved, root = structlog.get_config(), logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def settings_with(**env: str) -> Settings:

@@ -99,15 +99,15 @@ def test_a_new_table_is_created_and_null_removes_a_key(config: Path) -> None:
         config,
         revision(config),
         {
-            "profiles.local.gateway.auth.token_env": "MY_GATEWAY_TOKEN",
+            "profiles.daytona.sandbox.local.cpus": 2.0,
             "profiles.daytona.worker.drain_seconds": None,
         },
     )
     snapshot = policy_file.read_snapshot(config)
-    assert snapshot.profiles["local"]["gateway"]["auth"] == {"token_env": "MY_GATEWAY_TOKEN"}
-    assert snapshot.profiles["local"]["gateway"]["limits"]["max_body_bytes"] == 1048576
+    assert snapshot.profiles["daytona"]["sandbox"]["local"] == {"cpus": 2.0}
+    assert snapshot.profiles["daytona"]["sandbox"]["provider"] == "daytona"
     assert "drain_seconds" not in snapshot.profiles["daytona"]["worker"]
-    assert "[profiles.local.gateway.auth]" in config.read_text()
+    assert "[profiles.daytona.sandbox.local]" in config.read_text()
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_a_new_table_is_created_and_null_removes_a_key(config: Path) -> None:
         ({"profiles.local.rlm.bogus": 1}, "profiles.local.rlm.bogus: unknown key"),
         ({"config.bogus": 1}, "config.bogus: unknown key"),
         ({"config.default_profile": "nowhere"}, "nowhere"),
-        ({"profiles.offline": None}, "offline"),  # the default profile cannot go
+        ({"profiles.offline": None}, "profiles.offline: holds keys only the file"),
         ({"profiles.local.rlm.max_iters.deeper": 1}, "profiles.local.rlm.max_iters: is a value"),
         ({"profiles.local.rlm": 3}, "profiles.local.rlm: is a table"),
         ({"bogus.key": 1}, "bogus.key: not a setting"),
@@ -126,15 +126,11 @@ def test_a_new_table_is_created_and_null_removes_a_key(config: Path) -> None:
         ({'profiles."odd key".x': 1}, "not a setting"),
         ({"profiles.local.llm.root.api_key_env": "sk-live-0123"}, "NAME of an environment variable"),
         ({"profiles.local.llm.root.api_key_env": 5}, "NAME of an environment variable"),
-        ({"profiles.offline.storage.database_url": "postgresql://fleet:hunter2@db/fleet"}, "credentials"),
-        ({"profiles.offline.storage.redis_url": "redis://:hunter2@cache:6379/0"}, "credentials"),
         ({"profiles.offline.llm.root.model": "x://u:hunter2@h"}, "credentials"),
-        ({"profiles.offline.storage.database_url": "postgresql://db/fleet?password=x"}, "credentials"),
         # Valid per profile, but the next startup would fail: refused now (found in review).
-        ({"profiles.offline.llm.root.script": "nope.jsonl"}, "does not exist"),
         (
-            {"profiles.offline.llm.root.api_key_env": "FLEET_NOT_SET_ANYWHERE"},
-            "FLEET_NOT_SET_ANYWHERE is not set",
+            {"profiles.offline.llm.root.api_key_env": "FLEET_LM_NOT_SET_ANYWHERE"},
+            "FLEET_LM_NOT_SET_ANYWHERE is not set",
         ),
         ({"profiles.offline.llm.root.model": None}, "exactly one of `model` or `model_env`"),
         ({"config.default_profile": "local"}, "FLEET_LM_MODEL is not set"),
@@ -156,14 +152,18 @@ def test_a_refused_change_writes_nothing(config: Path, changes: dict[str, object
 def test_a_change_that_would_switch_bearer_auth_off_is_refused(
     config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """token_env itself is file-only; a switch to a profile whose token variable is unset is the
+    way left to a request, and it is refused too."""
     monkeypatch.setenv("FLEET_API_TOKEN", "tok")
+    config.write_text(
+        config.read_text()
+        + '\n[profiles.other.llm.root]\nmodel = "scripted/demo"\nscript = "scripts/demo.jsonl"\n'
+        + '\n[profiles.other.gateway.auth]\ntoken_env = "FLEET_OTHER_TOKEN"\n'
+    )
     before = config.read_bytes()
     with pytest.raises(InvalidSettingChange, match="switch bearer auth off"):
         policy_file.apply_changes(
-            config,
-            revision(config),
-            {"profiles.offline.gateway.auth.token_env": "FLEET_TYPO_TOKEN"},
-            require_auth=True,
+            config, revision(config), {"config.default_profile": "other"}, require_auth=True
         )
     assert config.read_bytes() == before
 
@@ -198,8 +198,9 @@ def change_in_child(config: Path, start: str, value: int, results: object) -> No
 def test_a_profile_a_process_runs_cannot_be_removed(config: Path) -> None:
     with pytest.raises(InvalidSettingChange, match="local"):
         policy_file.apply_changes(config, revision(config), {"profiles.local": None}, keep_profiles=["local"])
-    policy_file.apply_changes(config, revision(config), {"profiles.local-recursive": None})
-    assert "local-recursive" not in policy_file.read_snapshot(config).profiles
+    # Nor any other: a profile holds file-only keys, which a request could then make anew.
+    with pytest.raises(InvalidSettingChange, match="only the file on disk"):
+        policy_file.apply_changes(config, revision(config), {"profiles.local-recursive": None})
 
 
 def test_a_stale_revision_is_a_conflict(config: Path) -> None:

@@ -94,3 +94,23 @@ def test_a_dead_workers_staging_folder_is_swept(tmp_path: Path) -> None:
         (folder / "repl_main.pyc").write_bytes(b"x")
     sweep_staged(tmp_path)
     assert not gone.exists() and alive.exists()
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_the_compile_runs_in_a_jail_like_a_cell(traversable_dir: Path) -> None:
+    """It ran the configured interpreter on the host: with a planted one, that was code of the
+    sandbox's choosing outside bwrap. The spy answers with what it could see, as its "bytecode"."""
+    spy = traversable_dir / "python3"
+    spy.write_text(
+        "#!/bin/sh\nprintf 'sixteen-byte-hdr'\n"
+        "if [ -e /etc/passwd ]; then echo host-files; else echo no-host-files; fi\n"
+        "if [ -e /run ] || [ -e /home ] || [ -e /root ]; then echo host-root; else echo jail-root; fi\n"
+    )
+    spy.chmod(0o755)
+    provider = LocalSandboxProvider(LocalSandboxConfig(), caps=Caps(), workspaces=traversable_dir)
+    bwrap = shutil.which("bwrap")
+    try:
+        staged = provider._staged_driver(Isolation(bwrap=bwrap, python=str(spy)))
+        assert staged.read_bytes() == b"sixteen-byte-hdrno-host-files\njail-root\n"
+    finally:
+        provider.close()

@@ -50,8 +50,12 @@ def sandbox_provider(settings: Settings) -> SandboxProvider:
         from fleet_worker.sandbox.daytona import daytona_provider  # the SDK only when it is used
 
         return daytona_provider(settings)
+    # Where sandboxed code writes on this host: the interpreter must never come from there.
+    roots = (settings.data_dir, settings.workspaces_dir, relocated_root(settings.workspaces_dir))
     provider = LocalSandboxProvider(
-        local_sandbox_config(settings.profile.sandbox.local), caps=Caps.from_rlm(settings.profile.rlm)
+        local_sandbox_config(settings.profile.sandbox.local),
+        caps=Caps.from_rlm(settings.profile.rlm),
+        sandbox_roots=(*roots, settings.blobs_dir),
     )
     provider.check()
     provider.place_workspaces(settings.workspaces_dir, relocated_root(settings.workspaces_dir))

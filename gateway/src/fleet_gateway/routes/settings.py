@@ -1,8 +1,9 @@
 """Settings: the policy file, read and changed over HTTP by loopback clients only.
 
 The socket peer decides, never a forwarded-for header: the file steers what every process runs
-(models, sandboxes, limits), so only someone on the gateway's own host may change it, and only
-through revisions, so two editors never overwrite each other. Changes apply on restart.
+(models, sandboxes, limits), so only someone on the gateway's own host may change it, never from a
+web page, and only through revisions, so two editors never overwrite each other. What a request
+may change at all is fleet_shared.settings_policy's to say. Changes apply on restart.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.params import JSONBody
 
 from fleet_gateway.errors import ApiError
+from fleet_gateway.origins import from_this_host
 from fleet_gateway.schemas import SettingsChange, SettingsOut, SettingsUpdated
 from fleet_gateway.state import GatewayState
 from fleet_shared import policy_file
@@ -28,17 +30,21 @@ log = structlog.get_logger(__name__)
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
 
 
-async def require_loopback(
+async def require_local_operator(
     connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler
 ) -> None:
+    """A loopback peer, and no web page in between: not even one whose origin may call the rest
+    of the API (the bearer token, when one is set, is required like everywhere under /api)."""
     client = connection.client
     if client is None or client.host not in LOOPBACK_HOSTS:
         raise ApiError(403, "forbidden", "settings are served to loopback clients only")
+    if not from_this_host(connection.headers.items()):
+        raise ApiError(403, "origin_not_allowed", "settings are never served to a web page of another origin")
 
 
 class SettingsController(Controller):
     path = "/api/settings"
-    guards = [require_loopback]
+    guards = [require_local_operator]
 
     @get("/")
     async def get_settings(self, gw: NamedDependency[GatewayState]) -> SettingsOut:

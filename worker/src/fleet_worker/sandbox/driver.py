@@ -1,9 +1,10 @@
 """The REPL driver (repl_main.py) staged where every sandbox uid can read it, compiled ahead by
 the sandbox's own interpreter so that no REPL start spends ~3 ms compiling it.
 
-- The compile runs with no privilege: as a sandbox uid on a root worker (setpriv, no new
-  privileges), so an interpreter whose install a local user can write never runs as root. It
-  reads the source on stdin and writes the .pyc bytes to stdout; the worker writes the file.
+- The compile runs in a jail like a cell's (bwrap: no network, nothing of the host but the
+  system and the interpreter, read-only), as a sandbox uid on a root worker. Unisolated (no
+  bwrap) it runs with no privilege only (setpriv, no new privileges). It reads the source on
+  stdin and writes the .pyc bytes to stdout; the worker writes the file.
 - A .pyc loads only in the Python that wrote it: the interpreter's identity (path, size, mtime)
   is kept with the staged copy, and a changed interpreter (an upgrade) gets it staged anew.
 - Anything that goes wrong stages the source instead; staging that cannot happen at all is
@@ -18,6 +19,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,16 +61,19 @@ def identity(python: str) -> tuple[str, int, int]:
     return real, stat.st_size, stat.st_mtime_ns
 
 
-def stage_driver(python: str, isolated: bool, compile_as: int | None) -> StagedDriver:
+def stage_driver(
+    python: str, isolated: bool, compile_as: int | None, jail: Sequence[str] = ()
+) -> StagedDriver:
     """Stage the driver for REPLs run by `python`, jailed or not; `compile_as` is the uid the
-    compile drops to (None: run it as this process, which then is not root)."""
+    compile drops to (None: run it as this process, which then is not root), `jail` the argv
+    that runs the interpreter in a jail (empty: unisolated)."""
     try:
         directory = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         directory.chmod(0o755)
         compiled = directory / "repl_main.pyc"
         # The name its frames carry must be the path the REPL runs it as (DRIVER_FILE hides them).
         seen_as = driver_mount(compiled) if isolated else str(compiled)
-        pyc = compiled_driver(python, seen_as, compile_as)
+        pyc = compiled_driver(python, seen_as, compile_as, jail)
         if pyc is not None:
             compiled.write_bytes(pyc)
             target = compiled
@@ -84,15 +89,22 @@ def stage_driver(python: str, isolated: bool, compile_as: int | None) -> StagedD
     return StagedDriver(target, isolated, identity(python))
 
 
-def compiled_driver(python: str, seen_as: str, compile_as: int | None) -> bytes | None:
+def compiled_driver(
+    python: str, seen_as: str, compile_as: int | None, jail: Sequence[str] = ()
+) -> bytes | None:
     """The driver compiled by `python` into .pyc bytes, or None (logged) if that failed."""
-    argv = [python, "-I", "-S", "-c", COMPILE_DRIVER, seen_as]
-    if compile_as is not None:
+    compile_args = ["-I", "-S", "-c", COMPILE_DRIVER, seen_as]
+    argv = [*jail, *compile_args] if jail else [python, *compile_args]
+    if compile_as is not None and not jail:
         drop = [f"--reuid={compile_as}", f"--regid={compile_as}", "--clear-groups", "--no-new-privs"]
         argv = [SETPRIV, *drop, "--", *argv]
+    as_uid = compile_as if jail else None  # a jail is entered as that uid (no setpriv inside it)
     try:
         done = subprocess.run(
             argv,
+            user=as_uid,
+            group=as_uid,
+            extra_groups=[] if as_uid is not None else None,
             input=DRIVER_SOURCE.read_bytes(),
             env={"PATH": "/usr/bin:/bin"},
             cwd="/",

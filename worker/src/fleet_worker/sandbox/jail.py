@@ -155,7 +155,35 @@ def bwrap_command(
     seccomp: bool = True,
 ) -> list[str]:
     """The bwrap argv for one REPL; only /usr, the interpreter and the workspace are visible."""
-    executable, prefix = python_mount(python)
+    argv = jail_args(python, uid=uid, bwrap=bwrap, tmp_mb=cfg.tmp_mb)
+    if seccomp:
+        argv += ["--seccomp", SECCOMP_FD_PLACEHOLDER]
+    argv += [
+        "--bind",
+        os.path.abspath(workspace),
+        WORKSPACE_MOUNT,
+        "--ro-bind",
+        os.path.abspath(driver),
+        driver_mount(driver),
+        "--chdir",
+        WORKSPACE_MOUNT,
+        *READ_ONLY_ROOT,
+        "--",
+        python_mount(python)[0],
+        *driver_args(cfg, driver_mount(driver)),
+    ]
+    return argv
+
+
+# Nothing writable but /workspace, /tmp and /dev/shm (the jail's root and /dev are tmpfs that
+# would otherwise take writes without a size limit).
+READ_ONLY_ROOT = ("--remount-ro", "/dev", "--remount-ro", "/")
+
+
+def jail_args(python: str, *, uid: int, bwrap: str, tmp_mb: int) -> list[str]:
+    """What every jail shares, up to its mounts of its own: all namespaces, no environment but
+    ours, the system and the interpreter read-only, private /proc, /dev, /tmp and /dev/shm."""
+    _executable, prefix = python_mount(python)
     argv = [
         bwrap,
         # Every namespace, network included: the jail has only its own, empty loopback.
@@ -174,37 +202,27 @@ def bwrap_command(
         "--new-session",
         "--clearenv",
     ]
-    if seccomp:
-        argv += ["--seccomp", SECCOMP_FD_PLACEHOLDER]
     for key, value in sandbox_env(WORKSPACE_MOUNT).items():
         argv += ["--setenv", key, value]
     # No /etc at all: python -I -S needs nothing from it.
     argv += ["--ro-bind", "/usr", "/usr", *system_links()]
-    tmp_bytes = str(cfg.tmp_mb * 1024 * 1024)
+    tmp_bytes = str(tmp_mb * 1024 * 1024)
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_bytes, "--tmpfs", "/tmp"]
     argv += ["--size", tmp_bytes, "--tmpfs", "/dev/shm"]
     if prefix is not None:
         argv += ["--ro-bind", prefix, prefix]
-    argv += [
-        "--bind",
-        os.path.abspath(workspace),
-        WORKSPACE_MOUNT,
-        "--ro-bind",
-        os.path.abspath(driver),
-        driver_mount(driver),
-        "--chdir",
-        WORKSPACE_MOUNT,
-        # Nothing writable but /workspace, /tmp and /dev/shm (the jail's root and /dev are tmpfs
-        # that would otherwise take writes without a size limit).
-        "--remount-ro",
-        "/dev",
-        "--remount-ro",
-        "/",
-        "--",
-        executable,
-        *driver_args(cfg, driver_mount(driver)),
-    ]
     return argv
+
+
+def jailed_python(python: str, *, uid: int, bwrap: str) -> list[str]:
+    """The argv prefix that runs `python` in a jail of its own, as a cell's REPL would be run
+    (with nothing of a workspace): followed by the interpreter's own arguments."""
+    return [
+        *jail_args(python, uid=uid, bwrap=bwrap, tmp_mb=16),
+        *READ_ONLY_ROOT,
+        "--",
+        python_mount(python)[0],
+    ]
 
 
 def driver_mount(driver: Path) -> str:

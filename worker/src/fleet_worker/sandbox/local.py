@@ -15,6 +15,7 @@ from pathlib import Path
 
 import structlog
 
+from fleet_shared.workspaces import create_dirs
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.cgroups import Cgroups, Limits
 from fleet_worker.sandbox.driver import StagedDriver, stage_driver, sweep_staged
@@ -27,6 +28,7 @@ from fleet_worker.sandbox.jail import (
     LaunchSpec,
     LocalSandboxConfig,
     bwrap_command,
+    jailed_python,
     resolve_python,
     sandbox_env,
     unisolated_command,
@@ -35,6 +37,7 @@ from fleet_worker.sandbox.pool import WarmPool
 from fleet_worker.sandbox.provider import ScratchLease
 from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.sandbox.syscalls import build_filter
+from fleet_worker.sandbox.trust import uid_range_clash, untrusted_interpreter
 from fleet_worker.sandbox.workspace import (
     HOST_PATHS,
     LocalWorkspaceFiles,
@@ -49,12 +52,11 @@ PROBE_RUN = "probe"
 
 
 def prepare_workspace_root(root: Path) -> Path:
-    """The folder of workspaces (and its parent) searchable, not listable, by sandbox uids."""
+    """The folder of workspaces searchable, not listable, by sandbox uids. Folders it creates get
+    that mode; one that exists keeps its own (place_workspaces moves on when sandboxes cannot
+    pass through it)."""
     root = root.resolve()
-    for directory in (root.parent, root):
-        directory.mkdir(mode=0o711, parents=True, exist_ok=True)
-        if directory.stat().st_uid == os.geteuid():
-            directory.chmod(0o711)
+    create_dirs(root, 0o711)
     return root
 
 
@@ -189,11 +191,15 @@ class LocalSandboxProvider:
         search_path: str | None = None,
         workspaces: Path | None = None,
         cgroups: Callable[[Limits], Cgroups] = Cgroups.detect,
+        sandbox_roots: tuple[Path, ...] = (),
     ) -> None:
         """`search_path` is the PATH used to find bwrap (default: this process's PATH);
         `workspaces` the folder that holds one folder per workspace (see place_workspaces);
-        `cgroups` finds the REPLs' cgroups (`fleet doctor` passes one that writes nothing shared)."""
+        `cgroups` finds the REPLs' cgroups (`fleet doctor` passes one that writes nothing shared);
+        `sandbox_roots` the folders sandboxed code can write to (the data dirs), where the
+        interpreter must never be."""
         self.workspaces = workspaces
+        self._sandbox_roots = sandbox_roots
         self._find_cgroups = cgroups
         self._cfg = cfg
         self._caps = caps
@@ -274,6 +280,15 @@ class LocalSandboxProvider:
                 f"the sandbox interpreter {python} does not exist or is not executable",
                 fix="install python3 or set sandbox.local.python",
             )
+        roots = (*self._sandbox_roots, *([self.workspaces] if self.workspaces else []))
+        distrust = untrusted_interpreter(python, roots)
+        if distrust is not None:
+            raise SandboxUnavailable(
+                distrust, fix="set sandbox.local.python to an interpreter that root installed (or auto)"
+            )
+        clash = uid_range_clash(self._cfg.uid_base, self._cfg.uid_count) if self._root else None
+        if clash is not None:
+            raise SandboxUnavailable(clash, fix="move sandbox.local.uid_base to a range no account uses")
         seccomp, cgroups = self._seccomp(), self._find_cgroups(self._limits())
         if not cgroups.bases:
             log.warning("sandbox.no_cgroups", reason=cgroups.reason, detail="limits are per process only")
@@ -389,7 +404,12 @@ class LocalSandboxProvider:
                 else:
                     sweep_staged()
                 compile_as = self._cfg.uid_base if self._root else None
-                staged = self._driver = stage_driver(isolation.python, isolated, compile_as)
+                jail = (
+                    jailed_python(isolation.python, uid=compile_as or os.geteuid(), bwrap=isolation.bwrap)
+                    if isolation.bwrap is not None
+                    else ()
+                )
+                staged = self._driver = stage_driver(isolation.python, isolated, compile_as, jail)
                 HOST_PATHS.add(staged.path.parent)
             return staged.path
 

@@ -1,0 +1,172 @@
+"""What a settings request may change: the attack chain's keys (a host interpreter, a data dir,
+a sandbox uid, a secret's variable as the model's) are refused before the file is touched, and
+startup refuses a hand-edited file that would show a secret as the model name."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fleet_shared import policy_file
+from fleet_shared.config import load_settings
+from fleet_shared.errors import ConfigError, InvalidSettingChange
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in [n for n in os.environ if n.startswith("FLEET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("FLEET_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("FLEET_API_TOKEN", "tok-never-a-model")
+    shutil.copytree(REPO / "config" / "scripts", tmp_path / "scripts")
+    copy = tmp_path / "fleet.toml"
+    shutil.copyfile(REPO / "config" / "fleet.toml", copy)
+    return copy
+
+
+def revision(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+FILE_ONLY = [
+    # F1: the interpreter the worker runs (planted in a workspace, it ran on the host).
+    {"profiles.offline.sandbox.local.python": "/srv/fleet/.fleet/workspaces/ws/memory/py"},
+    {"profiles.offline.sandbox.local.python": "auto"},
+    {"profiles.offline.sandbox.local.python": None},
+    {"profiles.offline.sandbox.local.uid_base": 1000},
+    {"profiles.offline.sandbox.local.uid_count": 1},
+    {"profiles.offline.sandbox.local.allow_unisolated": True},
+    {"profiles.offline.storage.data_dir": "/tmp"},
+    {"profiles.offline.storage.database_url": "sqlite+aiosqlite:////tmp/x.db"},
+    {"profiles.offline.storage.redis_url": "unix:///tmp/r.sock"},
+    {"profiles.offline.storage.blobs.backend": "s3"},
+    {"profiles.offline.storage.blobs.local_dir": "/tmp/b"},
+    {"profiles.offline.storage.blobs.s3_endpoint_env": "FLEET_S3_ENDPOINT"},
+    {"profiles.offline.llm.root.script": "/srv/fleet/.fleet/workspaces/ws/memory/s.jsonl"},
+    {"profiles.offline.gateway.auth.token_env": "FLEET_LM_MODEL"},
+    {"profiles.offline.gateway.allowed_hosts": ["*"]},
+    {"profiles.offline.gateway.cors.allowed_origins": ["https://attacker.example"]},
+    {"profiles.offline.worker.metrics_host": "0.0.0.0"},
+    {"profiles.offline.worker.queue_name": "other:queue"},
+    {"profiles.daytona.sandbox.daytona.volume": "another-deployments-volume"},
+    {"profiles.daytona.sandbox.daytona.deployment": "another"},
+    # A table that holds any of them cannot be removed whole (its keys would reset).
+    {"profiles.offline.storage": None},
+    {"profiles.offline.sandbox.local": None},
+    {"profiles.local-recursive": None},
+]
+
+
+@pytest.mark.parametrize("change", FILE_ONLY, ids=lambda c: next(iter(c)))
+def test_keys_that_choose_host_paths_executables_or_identities_are_file_only(
+    config: Path, change: dict[str, object]
+) -> None:
+    before = config.read_bytes()
+    with pytest.raises(InvalidSettingChange, match="only the file on disk") as info:
+        policy_file.apply_changes(config, revision(config), change)  # type: ignore[arg-type]
+    assert next(iter(change)) in str(info.value)
+    assert config.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # F3: the model's name read from the API token, the DB or Redis URL, or the LM's key.
+        {"profiles.offline.llm.root.model": None, "profiles.offline.llm.root.model_env": "FLEET_API_TOKEN"},
+        {
+            "profiles.offline.llm.root.model": None,
+            "profiles.offline.llm.root.model_env": "FLEET_DATABASE_URL",
+        },
+        {"profiles.offline.llm.root.model": None, "profiles.offline.llm.root.model_env": "FLEET_REDIS_URL"},
+        {"profiles.local.llm.root.model_env": "FLEET_LM_API_KEY"},
+        {"profiles.local.llm.root.model_env": "FLEET_LM_BASE_URL"},
+        {"profiles.local.llm.root.api_key_env": "FLEET_API_TOKEN"},
+        {"profiles.local.llm.root.base_url_env": "FLEET_DATABASE_URL"},
+        {"profiles.daytona.sandbox.daytona.api_key_env": "FLEET_REDIS_URL"},
+    ],
+    ids=lambda c: "+".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in c.items() if v),
+)
+def test_a_variable_may_be_named_only_from_its_keys_allowlist(
+    config: Path, change: dict[str, object]
+) -> None:
+    before = config.read_bytes()
+    with pytest.raises(InvalidSettingChange, match="may name only a variable matching"):
+        policy_file.apply_changes(config, revision(config), change)  # type: ignore[arg-type]
+    assert config.read_bytes() == before
+
+
+def test_allowed_variable_names_still_go_through(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_LM_MODEL", "openai/gpt-test")
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    monkeypatch.setenv("FLEET_LM_BASE_URL", "http://127.0.0.1:1/v1")
+    policy_file.apply_changes(
+        config,
+        revision(config),
+        {
+            "profiles.local.llm.root.api_key_env": "OPENAI_API_KEY",
+            "profiles.local.llm.sub.model_env": "FLEET_LM_MODEL",
+            "profiles.daytona.sandbox.daytona.api_url_env": "FLEET_DAYTONA_API_URL",
+        },
+        keep_profiles=["local"],
+    )
+    assert 'api_key_env = "OPENAI_API_KEY"' in config.read_text()
+
+
+def hand_edited(config: Path, old: str, new: str) -> dict[str, str]:
+    text = config.read_text()
+    assert old in text
+    config.write_text(text.replace(old, new, 1))
+    return {"FLEET_CONFIG": str(config), "FLEET_REDIS_URL": "redis://127.0.0.1:1/0"}
+
+
+# BLOB_MODEL is named like a model's variable, but another key reads it as a secret.
+@pytest.mark.parametrize(
+    "variable", ["FLEET_API_TOKEN", "FLEET_DATABASE_URL", "MY_SECRET_MODEL", "BLOB_MODEL"]
+)
+def test_startup_refuses_a_model_read_from_a_secrets_variable(config: Path, variable: str) -> None:
+    """Edited into the file by hand (no request can), the secret would still be the model name:
+    in the banner, the start-up log, the Run row and every stream's `start`."""
+    env = hand_edited(
+        config,
+        'model = "scripted/demo"\nscript = "scripts/demo.jsonl"',
+        f'model_env = "{variable}"\nscript = "scripts/demo.jsonl"',
+    )
+    config.write_text(
+        config.read_text().replace(
+            "[profiles.offline.storage]",
+            '[profiles.offline.storage.blobs]\ns3_secret_key_env = "BLOB_MODEL"\n\n'
+            "[profiles.offline.storage]",
+        )
+    )
+    secret = "postgresql+asyncpg://u:hunter2@db/x"
+    with pytest.raises(ConfigError) as info:
+        load_settings({**env, variable: secret, "FLEET_DATABASE_URL": secret, "FLEET_API_TOKEN": "t/k"})
+    assert f"model_env: {variable} holds a secret" in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "sk-live-abc",
+        "postgresql+asyncpg://u:hunter2@db/x",
+        "redis://:hunter2@h:6379/0",
+        "a b/c",
+        "x/" + "y" * 300,
+    ],
+)
+def test_a_model_name_must_look_like_provider_slash_model(config: Path, value: str) -> None:
+    env = hand_edited(
+        config,
+        'model = "scripted/demo"\nscript = "scripts/demo.jsonl"',
+        'model_env = "FLEET_LM_MODEL"\nscript = "scripts/demo.jsonl"',
+    )
+    with pytest.raises(ConfigError, match=r"not a model name \(provider/model") as info:
+        load_settings({**env, "FLEET_LM_MODEL": value})
+    assert value not in str(info.value) and "hunter2" not in str(info.value)
