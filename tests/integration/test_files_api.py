@@ -18,7 +18,7 @@ import pytest
 from litestar.testing import TestClient
 
 from fleet_gateway.app import create_app
-from fleet_gateway.routes.files import timestamp
+from fleet_gateway.routes.files import MAX_LIST, MAX_TREE_ENTRIES, timestamp
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db.engine import create_engine, session_factory
@@ -168,6 +168,59 @@ def test_hostile_names_and_times_do_not_break_listings(
     assert names == ["future.txt", "note.txt"]
     stat = client.get("/api/files/stat", params={"session_id": mine, "path": "memory/future.txt"})
     assert stat.status_code == 200
+
+
+LINKS = 50_000
+
+
+@pytest.fixture
+def crowded(settings: Settings, client: TestClient) -> str:  # type: ignore[type-arg]
+    """A session whose `memory/links/` holds 50,000 symlinks (a cell makes them in a second)."""
+    session = new_session(client)
+    folder = workspace_of(settings, session) / "memory" / "links"
+    folder.mkdir()
+    for index in range(LINKS):
+        os.symlink("/etc/passwd", folder / f"link-{index:05d}")
+    return str(session["id"])
+
+
+def tree_size(node: dict[str, Any]) -> int:
+    return sum(1 + tree_size(child) for child in node.get("children") or [])
+
+
+def test_entries_that_are_not_shown_still_count_toward_the_bounds(
+    client: TestClient,  # type: ignore[type-arg]
+    crowded: str,
+) -> None:
+    """A listing reads at most MAX_LIST entries of a folder and a tree at most MAX_TREE_ENTRIES,
+    links included: past that it stops and says `truncated`, however many more there are."""
+    listing = client.get("/api/files", params={"session_id": crowded, "path": "memory/links"})
+    assert listing.status_code == 200
+    assert listing.json()["items"] == [] and listing.json()["truncated"] is True
+    assert client.get("/api/files", params={"session_id": crowded, "path": "memory/links"}).json() == (
+        listing.json()
+    )
+    tree = client.get("/api/volume/tree", params={"session_id": crowded, "depth": 3})
+    assert tree.status_code == 200 and tree.json()["truncated"] is True
+    memory = next(c for c in tree.json()["root"]["children"] if c["name"] == "memory")
+    assert [c["name"] for c in memory["children"]] == ["links"] and memory["children"][0]["children"] == []
+    assert tree_size(tree.json()["root"]) <= MAX_TREE_ENTRIES
+
+
+def test_a_long_listing_is_cut_at_max_list_in_name_order(
+    client: TestClient,  # type: ignore[type-arg]
+    planted: tuple[str, str, Path],
+) -> None:
+    mine, _theirs, folder = planted
+    many = folder / "memory" / "many"
+    many.mkdir()
+    for index in range(MAX_LIST + 5):
+        (many / f"f{index:05d}").touch()
+    listing = client.get("/api/files", params={"session_id": mine, "path": "memory/many"}).json()
+    names = [item["name"] for item in listing["items"]]
+    assert listing["truncated"] is True and len(names) == MAX_LIST and names == sorted(names)
+    tree = client.get("/api/volume/tree", params={"session_id": mine, "depth": 3}).json()
+    assert tree["truncated"] is False and tree_size(tree["root"]) > MAX_LIST  # a tree's own bound
 
 
 def test_a_page_too_small_for_a_character_still_moves_on(

@@ -46,6 +46,7 @@ from fleet_gateway.routes.settings import SettingsController
 from fleet_gateway.routes.skills import SkillController
 from fleet_gateway.routes.turns import TurnController
 from fleet_gateway.state import GatewayState
+from fleet_gateway.upload_gate import UploadGate
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, dispose_engine, session_factory
@@ -90,6 +91,7 @@ def create_app(settings: Settings) -> Litestar:
                 process_id=process_id,
                 probe=probe,
                 blobs=open_blob_store(settings),
+                uploads=UploadGate.of(limits),
             )
             holder["state"] = state
             stack.push_async_callback(bounded, "gateway.background", state.stop_background)

@@ -52,12 +52,15 @@ ERRORS: dict[str, str] = {
     ),
     "404": "`not_found`: an unknown (or another caller's) resource, or route",
     "405": "`method_not_allowed`, with `Allow`",
+    "408": "`upload_timeout`: the upload sent nothing for gateway.limits.upload_idle_seconds",
     "409": "`turn_in_progress`, `idempotency_key_mismatch`, `session_archived`, `settings_revision_conflict`",
     "413": "`payload_too_large`: the body is over gateway.limits.max_body_bytes",
     "415": "`unsupported_media_type`: send JSON",
     "416": "`range_not_satisfiable`",
     "421": "`host_not_allowed`: the Host header is not a name this gateway answers to",
     "422": "`validation_error`, `invalid_skill_selection`: the request breaks the schema or a rule",
+    "429": "`too_many_uploads`: this client has gateway.limits.max_concurrent_uploads_per_client "
+    "uploads in progress; see Retry-After",
     "431": "`headers_too_large`: the headers are over gateway.limits.max_header_bytes",
     "500": "`internal_error`: a bug; details only in the server log",
     "503": "`service_unavailable`: the database or Redis is down; retry",
@@ -182,7 +185,7 @@ def statuses(path: str, method: str, operation: Operation) -> list[str]:
     if path.startswith(("/api/files", "/api/volume")):  # the session named in the query
         found.append("404")
     if path == "/api/attachments" and method == "post":
-        found.append("413")
+        found += ["408", "413", "429"]
     if path == "/api/files/content":
         found.append("415")  # a binary file: fetch it as an artifact instead
     found.append("431")

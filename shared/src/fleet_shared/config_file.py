@@ -190,6 +190,12 @@ class LimitsSection(Section):
     # All request headers together; past it the answer is 431 in the envelope (Granian's own
     # buffer takes far more).
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1_048_576)] = 16_384
+    # An upload whose client sends nothing for this long is answered 408, its connection closed
+    # and its temporary file removed.
+    upload_idle_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 30
+    # Uploads one client (the socket peer's address) may have in progress in one gateway process;
+    # the next gets 429 until one has been received. Behind a proxy every client is the proxy.
+    max_concurrent_uploads_per_client: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 4
 
 
 class AuthSection(Section):

@@ -224,6 +224,18 @@ def test_unknown_nested_key_names_the_key_and_its_table(tmp_path: Path) -> None:
             "[profiles.p.gateway.limits]", "max_body_bytes = 1", "gateway.limits.max_body_bytes", id="body"
         ),
         pytest.param(
+            "[profiles.p.gateway.limits]",
+            "upload_idle_seconds = 0",
+            "gateway.limits.upload_idle_seconds",
+            id="upload_idle=0",
+        ),
+        pytest.param(
+            "[profiles.p.gateway.limits]",
+            "max_concurrent_uploads_per_client = 0",
+            "gateway.limits.max_concurrent_uploads_per_client",
+            id="uploads_per_client=0",
+        ),
+        pytest.param(
             "[profiles.p.observability]", 'log_level = "loud"', "observability.log_level", id="log_level"
         ),
         pytest.param("[profiles.p.llm.sub]", "num_retries = 11", "llm.sub.num_retries", id="retries"),

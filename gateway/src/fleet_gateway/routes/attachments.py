@@ -8,6 +8,7 @@ import os
 import re
 import tempfile
 import unicodedata
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.schemas import AttachmentOut
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
+from fleet_gateway.upload_gate import UploadGate, client_of
 from fleet_shared.db import files
 from fleet_shared.ids import new_id, parse_uuid
 
@@ -117,40 +119,45 @@ class Upload:
             self.path.unlink(missing_ok=True)
 
 
-async def receive(request: Request[Any, Any, Any], limit: int, folder: Path) -> Received:
+async def receive(request: Request[Any, Any, Any], limit: int, folder: Path, gate: UploadGate) -> Received:
     kind, options = parse_options_header(request.headers.get("content-type", ""))
     if kind != "multipart/form-data" or not options.get("boundary"):
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data with a field 'attachment'")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD_BYTES:
         raise ApiError(413, "payload_too_large", f"an attachment may be at most {limit} bytes")
-    upload = Upload(limit, folder)
-    received = 0
-    try:
-        # Not strict: bytes after the closing boundary (a trailing CRLF in a later chunk) are
-        # ignored; the limits below still bound headers and parts.
-        with PushMultipartParser(options["boundary"], max_segment_count=8, strict=False) as parser:
-            async for chunk in request.stream():
-                received += len(chunk)
-                if received > limit + FORM_OVERHEAD_BYTES:
-                    raise ApiError(413, "payload_too_large", f"an attachment may be at most {limit} bytes")
-                for event in parser.parse(chunk):
-                    if isinstance(event, MultipartSegment):
-                        await upload.start(event)
-                    elif event is None:
-                        await upload.end()
-                    else:
-                        await upload.add(bytes(event))
-    except MultipartError as exc:
-        upload.discard()
-        raise ApiError(422, "validation_error", f"the multipart body is malformed: {exc}") from None
-    except BaseException:
-        upload.discard()
-        raise
+    with gate.slot(client_of(request)):
+        upload = Upload(limit, folder)
+        try:
+            await read_form(upload, gate.chunks(request.stream()), options["boundary"], limit)
+        except MultipartError as exc:
+            upload.discard()
+            raise ApiError(422, "validation_error", f"the multipart body is malformed: {exc}") from None
+        except BaseException:
+            upload.discard()
+            raise
     if upload.done is None:
         upload.discard()
         raise ApiError(422, "validation_error", f"the form has no file field {FIELD!r}")
     return upload.done
+
+
+async def read_form(upload: Upload, chunks: AsyncIterator[bytes], boundary: str, limit: int) -> None:
+    received = 0
+    # Not strict: bytes after the closing boundary (a trailing CRLF in a later chunk) are
+    # ignored; the limits below still bound headers and parts.
+    with PushMultipartParser(boundary, max_segment_count=8, strict=False) as parser:
+        async for chunk in chunks:
+            received += len(chunk)
+            if received > limit + FORM_OVERHEAD_BYTES:
+                raise ApiError(413, "payload_too_large", f"an attachment may be at most {limit} bytes")
+            for event in parser.parse(chunk):
+                if isinstance(event, MultipartSegment):
+                    await upload.start(event)
+                elif event is None:
+                    await upload.end()
+                else:
+                    await upload.add(bytes(event))
 
 
 class AttachmentController(Controller):
@@ -166,7 +173,7 @@ class AttachmentController(Controller):
     ) -> AttachmentOut:
         storage = gw.settings.profile.storage
         limit = storage.max_attachment_mb * 2**20
-        received = await receive(request, limit, gw.settings.data_dir / "uploads")
+        received = await receive(request, limit, gw.settings.data_dir / "uploads", gw.uploads)
         attachment_id = new_id()
         try:
             await gw.blobs.put_file_async(f"attachments/{attachment_id}", received.path)

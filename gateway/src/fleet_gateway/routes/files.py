@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import itertools
 import os
 import stat
 from datetime import UTC, datetime
@@ -97,35 +98,44 @@ def addressable(name: str) -> bool:
     return True
 
 
-def children(fd: int, prefix: str, limit: int) -> tuple[list[Entry], list[tuple[str, str]], bool]:
-    """The regular files and directories in an open directory (sorted, at most `limit`), and the
-    (name, path) of its subdirectories."""
+def children(fd: int, prefix: str, limit: int) -> tuple[list[Entry], list[tuple[str, str]], int, bool]:
+    """The regular files and directories among the first `limit` entries of an open directory
+    (sorted by name), the (name, path) of its subdirectories, how many entries were read, and
+    whether more remain.
+
+    Every entry read counts toward `limit`, shown or not (a link, a FIFO, an undecodable name):
+    a folder of millions of links costs what `limit` entries cost. The directory is read
+    incrementally and never past `limit` + 1 entries; the cut follows the directory's own order,
+    which is stable while the folder is unchanged, and what was read is sorted."""
+    with os.scandir(fd) as entries:
+        read = list(itertools.islice(entries, limit))
+        more = next(entries, None) is not None
     found: list[Entry] = []
     folders: list[tuple[str, str]] = []
-    names = sorted(os.listdir(fd))
-    for name in names:
+    for item in sorted(read, key=lambda item: item.name):
+        name = item.name
         if not addressable(name):
             continue  # bytes that are not UTF-8: not listed, as a link is not
+        if not (item.is_file(follow_symlinks=False) or item.is_dir(follow_symlinks=False)):
+            continue  # links, FIFOs and the like are not shown (the type needs no stat)
         try:
-            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            info = item.stat(follow_symlinks=False)  # lstat relative to `fd`
         except FileNotFoundError:
             continue
         if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
-            continue  # links, FIFOs and the like are not shown
+            continue  # swapped for a link or a FIFO since it was read
         path = f"{prefix}/{name}" if prefix else name
-        if len(found) >= limit:
-            return found, folders, True
         found.append(entry(name, path, info))
         if stat.S_ISDIR(info.st_mode):
             folders.append((name, path))
-    return found, folders, False
+    return found, folders, len(read), more
 
 
 def list_dir(root: Path, parts: list[str]) -> tuple[list[Entry], bool]:
     with opened_inside(root, parts) as (fd, info):
         if not stat.S_ISDIR(info.st_mode):
             raise FileNotFoundError(normalized(parts))
-        found, _folders, truncated = children(fd, normalized(parts), MAX_LIST)
+        found, _folders, _read, truncated = children(fd, normalized(parts), MAX_LIST)
         return found, truncated
 
 
@@ -171,14 +181,15 @@ def build_tree(root: Path, parts: list[str], depth: int) -> tuple[Entry, bool]:
 
 
 def subtree(fd: int, prefix: str, depth: int, budget: list[int]) -> tuple[list[Entry], bool]:
-    found, folders, truncated = children(fd, prefix, budget[0])
-    budget[0] -= len(found)
+    found, folders, read, truncated = children(fd, prefix, budget[0])
+    budget[0] -= read
     if depth <= 1:
         return found, truncated
     deeper: dict[str, list[Entry]] = {}
     for name, path in folders:
         if budget[0] <= 0:
-            return found, True
+            truncated = True
+            break
         try:
             child = os.open(name, DIR_FLAGS, dir_fd=fd)
         except OSError:
@@ -188,9 +199,10 @@ def subtree(fd: int, prefix: str, depth: int, budget: list[int]) -> tuple[list[E
         finally:
             os.close(child)
         truncated = truncated or cut
+    # A folder that was not walked (the budget ran out, or it vanished) has no `children`, as at
+    # the depth limit; `[]` means walked and empty.
     return [
-        msgspec.structs.replace(e, children=deeper.get(e.path, [])) if e.type == "directory" else e
-        for e in found
+        msgspec.structs.replace(e, children=deeper[e.path]) if e.path in deeper else e for e in found
     ], truncated
 
 
