@@ -64,6 +64,7 @@ ERRORS: dict[str, str] = {
     "431": "`headers_too_large`: the headers are over gateway.limits.max_header_bytes",
     "500": "`internal_error`: a bug; details only in the server log",
     "503": "`service_unavailable`: the database or Redis is down; retry",
+    "507": "`storage_quota_exceeded`: the blob store is at storage.quota_deployment_mb; nothing was stored",
 }
 
 
@@ -185,7 +186,7 @@ def statuses(path: str, method: str, operation: Operation) -> list[str]:
     if path.startswith(("/api/files", "/api/volume")):  # the session named in the query
         found.append("404")
     if path == "/api/attachments" and method == "post":
-        found += ["408", "413", "429"]
+        found += ["408", "413", "429", "507"]
     if path == "/api/files/content":
         found.append("415")  # a binary file: fetch it as an artifact instead
     found.append("431")

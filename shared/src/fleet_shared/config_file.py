@@ -168,6 +168,10 @@ class StorageSection(Section):
     max_artifact_mb: Annotated[int, msgspec.Meta(ge=1, le=10_240)] = 100
     max_artifacts_per_run: Annotated[int, msgspec.Meta(ge=0, le=1_000)] = 20
     max_attachments_per_turn: Annotated[int, msgspec.Meta(ge=0, le=20)] = 10
+    # What the blob store may hold, counted from the rows of what it holds (0: no quota): one
+    # session's artifacts, and every artifact and attachment of the deployment.
+    quota_session_mb: Annotated[int, msgspec.Meta(ge=0)] = 2_048
+    quota_deployment_mb: Annotated[int, msgspec.Meta(ge=0)] = 20_480
 
 
 class WorkerSection(Section):

@@ -42,6 +42,7 @@ QUEUE_RETRIES = 8
 SWEEP_INTERVAL_SECONDS = 0.5
 SANDBOX_CLOSE_SECONDS = 30.0
 DAYTONA_SWEEP_SECONDS = 60.0
+SCRATCH_SWEEP_SECONDS = 60.0
 
 
 def sandbox_provider(settings: Settings) -> SandboxProvider:
@@ -104,6 +105,9 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             ctx["sweep"] = asyncio.create_task(sweep, name="fleet-sweep")
             if settings.profile.sandbox.provider == "daytona":
                 ctx["daytona_sweep"] = asyncio.create_task(sweep_daytona(deps), name="fleet-daytona-sweep")
+            if isinstance(sandboxes, LocalSandboxProvider):
+                scratch = sweep_scratch_forever(deps, sandboxes)
+                ctx["scratch_sweep"] = asyncio.create_task(scratch, name="fleet-scratch-sweep")
         log.info("worker.started", queue=queue, concurrency=concurrency, sandbox=sandboxes.mode)
 
     async def shutdown(ctx: dict[str, Any]) -> None:
@@ -111,7 +115,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             return
         await waker.stop()
         sweeper: Sweeper | None = ctx.get("sweeper")
-        for name in ("sweep", "announce", "daytona_sweep"):
+        for name in ("sweep", "announce", "daytona_sweep", "scratch_sweep"):
             task: asyncio.Task[None] | None = ctx.get(name)
             if task is not None:
                 await stop_loop(name, task, sweeper.stopping if name == "sweep" and sweeper else None)
@@ -220,6 +224,18 @@ async def sweep_daytona(deps: WorkerDeps) -> None:
 
     assert isinstance(deps.sandboxes, DaytonaSandboxProvider)
     await sweep_forever(deps.sandboxes, deps.sessions, DAYTONA_SWEEP_SECONDS)
+
+
+async def sweep_scratch_forever(deps: WorkerDeps, provider: LocalSandboxProvider) -> None:
+    """Remove the child scratch folders whose removal failed or whose worker died (the start-up
+    sweep took those left before this worker started)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(SCRATCH_SWEEP_SECONDS)
+        try:
+            await loop.run_in_executor(deps.sandbox_ops, provider.sweep_scratch)
+        except Exception as exc:  # never die: the next round tries again
+            log.warning("sandbox.scratch_sweep_failed", error_type=type(exc).__name__, error=str(exc))
 
 
 async def announce_sandbox(redis: Redis, worker_id: str, mode: str) -> None:

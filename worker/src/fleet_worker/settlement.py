@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import msgspec
 import structlog
@@ -19,6 +21,7 @@ from fleet_shared.events import RunEvent, RunFailed
 from fleet_shared.run_state import ACTIVE_STATUSES, RunCommand, RunStatus, decide_ending
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 FIRST_RETRY_SECONDS = 0.1
 MAX_RETRY_SECONDS = 2.0
 
@@ -30,20 +33,33 @@ async def commit_with_retry(
 
     The caller keeps the Run's lease meanwhile, so no sweeper can take the Run: an answer that was
     computed is committed once the database is back. False: another attempt owns the Run."""
+    commit = functools.partial(commit_once_on, settlement=settlement)
+    return await run_whole_with_retry(sessions, commit, deadline=deadline, what="commit")
+
+
+async def run_whole_with_retry(
+    sessions: async_sessionmaker[AsyncSession],
+    work: Callable[[OrmSession], T],
+    *,
+    deadline: float,
+    what: str,
+) -> T:
+    """`work` through run_whole, retried on every connection-class error until `deadline`
+    (time.monotonic()); logged as `turn.<what>_retry` and `turn.<what>_recovered`."""
     delay = FIRST_RETRY_SECONDS
     tries = 0
     while True:
         try:
-            committed = await run_whole(sessions, functools.partial(commit_once_on, settlement=settlement))
+            done = await run_whole(sessions, work)
             if tries:
-                log.info("turn.commit_recovered", tries=tries + 1)
-            return committed
+                log.info(f"turn.{what}_recovered", tries=tries + 1)
+            return done
         except Exception as exc:
             if not is_unreachable(exc) or time.monotonic() + delay > deadline:
                 raise
             tries += 1
             if tries % 10 == 1:  # the first, then every tenth
-                log.warning("turn.commit_retry", error_type=type(exc).__name__, tries=tries)
+                log.warning(f"turn.{what}_retry", error_type=type(exc).__name__, tries=tries)
         await asyncio.sleep(delay)
         delay = min(delay * 2, MAX_RETRY_SECONDS)
 

@@ -29,6 +29,7 @@ from fleet_shared.events import Answer, ChildProgress, StatusChanged, Warning
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker import metrics
+from fleet_worker.artifacts import ARTIFACTS, ArtifactLimits, collect_artifacts, stamp_limit
 from fleet_worker.control import ControlListener
 from fleet_worker.conversation import load_conversation
 from fleet_worker.errors import LeaseLost, SandboxFailed, TurnCancelled
@@ -41,14 +42,7 @@ from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.provider import FileStamp, SandboxLease, SandboxProvider
 from fleet_worker.sandbox_release import release_when_acquired, timed
 from fleet_worker.settlement import commit_failed, commit_with_retry
-from fleet_worker.workspace_io import (
-    ARTIFACTS,
-    ArtifactLimits,
-    collect_artifacts,
-    stage_attachments,
-    stage_skills,
-    stamp_limit,
-)
+from fleet_worker.workspace_io import stage_attachments, stage_skills
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -364,17 +358,22 @@ async def report_children(deps: WorkerDeps, turn: Turn) -> None:
 
 async def keep_artifacts(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> Outcome:
     """Store and announce what the Run wrote under artifacts/ (the commit records them). If the
-    blob store refuses, a completed Turn fails: its answer may refer to files it cannot have."""
+    blob store (or the database, past the Turn's deadline) refuses, a completed Turn fails: its
+    answer may refer to files it cannot have."""
     if turn.sandbox is None or turn.lease.lost.is_set():
         return outcome
-    storage = deps.settings.profile.storage
-    limits = ArtifactLimits(storage.max_artifacts_per_run, storage.max_artifact_mb * 2**20)
-    loop = asyncio.get_running_loop()
-    collect = functools.partial(
-        collect_artifacts, deps.blobs, turn.sandbox, turn.artifacts_before, limits, turn.sink
-    )
     try:
-        await loop.run_in_executor(deps.sandbox_ops, collect)
+        await collect_artifacts(
+            sessions=deps.sessions,
+            blobs=deps.blobs,
+            executor=deps.sandbox_ops,
+            lease=turn.sandbox,
+            before=turn.artifacts_before,
+            session_id=turn.claim.session_id,
+            limits=ArtifactLimits.of(deps.settings.profile.storage),
+            sink=turn.sink,
+            deadline=settle_deadline(deps, turn),
+        )
     except Exception as exc:
         log.warning("turn.artifacts_failed", error_type=type(exc).__name__, error=str(exc))
         if outcome.command is RunCommand.COMPLETE:

@@ -1,56 +1,29 @@
-"""Files across the sandbox boundary: attachments in before the program, artifacts out after.
+"""Files into the sandbox before the program: attachments and skill cards (artifacts come out
+after it: fleet_worker.artifacts).
 
 Attachments are copied from the blob store into `/workspace/attachments/` and announced with
-`data-attachment`. Artifacts are the regular files under `/workspace/artifacts/` that a Run
-created or changed: at settlement each is copied out (no link followed, size-capped, hashed on
-the way), stored as `artifacts/<id>` in the blob store and announced with `data-artifact`; the
-rows are written by the same commit as the Turn (from those events). What comes out of a
-sandbox is hostile: names are workspace-relative and checked, sizes are capped while copying.
+`data-attachment`; the selected skills' cards are written to `/workspace/skills/`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import mimetypes
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import Literal
 
 import structlog
 
 from fleet_shared.blobs import BlobMissing, BlobStore
-from fleet_shared.events import ArtifactCreated, AttachmentStaged, SkillUsed, Warning
-from fleet_shared.ids import new_id
+from fleet_shared.events import AttachmentStaged, SkillUsed
 from fleet_worker.conversation import AttachmentRef, SkillRef
 from fleet_worker.errors import TurnFailed
 from fleet_worker.publisher import EventSink
-from fleet_worker.sandbox.provider import FileStamp, SandboxLease
+from fleet_worker.sandbox.provider import SandboxLease
 
 log = structlog.get_logger(__name__)
-ARTIFACTS = "artifacts"
 ATTACHMENTS = "attachments"
 SKILLS = "skills"
 SKILL_PROMPT_CHARS = 8000  # of a card's body given inline; the whole card is in skills/
-MAX_NAME_CHARS = 1024
-
-
-@dataclass(frozen=True)
-class ArtifactLimits:
-    max_count: int
-    max_bytes: int
-
-
-class HashingSink:
-    """A file that hashes what is written to it."""
-
-    def __init__(self, target: IO[bytes]) -> None:
-        self.target = target
-        self.sha256 = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self.sha256.update(data)
-        return self.target.write(data)
 
 
 def staged_names(attachments: list[AttachmentRef]) -> list[str]:
@@ -145,66 +118,3 @@ def stage_skills(lease: SandboxLease, skills: list[SkillRef], sink: EventSink) -
 
 def skill_event(run_id: str, skill: SkillRef, phase: Literal["activated", "loaded"]) -> SkillUsed:
     return SkillUsed(run_id=run_id, skill_id=skill.id, name=skill.name, version=skill.version, phase=phase)
-
-
-def stamp_limit(max_count: int) -> int:
-    """How many files of artifacts/ are looked at: enough to see past a few thousand old ones."""
-    return 10 * max_count + 1000
-
-
-def changed_files(before: dict[str, FileStamp], after: dict[str, FileStamp]) -> list[str]:
-    """Files that are new or different since the Run began, in name order."""
-    return sorted(name for name, stamp in after.items() if before.get(name) != stamp)
-
-
-def collect_artifacts(
-    blobs: BlobStore,
-    lease: SandboxLease,
-    before: dict[str, FileStamp],
-    limits: ArtifactLimits,
-    sink: EventSink,
-) -> None:
-    """Store what the Run wrote under `artifacts/` and announce each file (blocking)."""
-    run_id = sink.sequencer.run_id
-    after = lease.files.stamps(ARTIFACTS, stamp_limit(limits.max_count) + len(before))
-    names = [n for n in changed_files(before, after) if len(n) <= MAX_NAME_CHARS]
-    if len(names) > limits.max_count:
-        message = (
-            f"the Run wrote {len(names)} files under artifacts/; only the first {limits.max_count} "
-            "were kept (storage.max_artifacts_per_run)"
-        )
-        sink.emit_threadsafe(Warning(run_id=run_id, code="artifacts_truncated", message=message))
-        names = names[: limits.max_count]
-    for name in names:
-        try:
-            sink.emit_threadsafe(store_one(blobs, lease, name, limits.max_bytes, run_id))
-        except FileNotFoundError:
-            continue  # removed (or swapped for a link) since it was seen: nothing to keep
-        except ValueError:
-            message = (
-                f"artifacts/{name} was not kept: larger than {limits.max_bytes} bytes "
-                "(storage.max_artifact_mb)"
-            )
-            sink.emit_threadsafe(Warning(run_id=run_id, code="artifact_too_large", message=message))
-
-
-def store_one(
-    blobs: BlobStore, lease: SandboxLease, name: str, max_bytes: int, run_id: str
-) -> ArtifactCreated:
-    """Copy one file out (hashing it), store it; FileNotFoundError if it is gone or not a
-    regular file, ValueError if it is larger than `max_bytes`."""
-    artifact_id = new_id()
-    with tempfile.NamedTemporaryFile(prefix="fleet-artifact-") as copy:
-        hashing = HashingSink(copy)
-        size = lease.files.export(f"{ARTIFACTS}/{name}", hashing, max_bytes)
-        copy.flush()
-        blobs.put_file(f"artifacts/{artifact_id}", Path(copy.name))
-    media_type = mimetypes.guess_type(name, strict=False)[0] or "application/octet-stream"
-    return ArtifactCreated(
-        run_id=run_id,
-        artifact_id=artifact_id,
-        name=name,
-        media_type=media_type,
-        byte_size=size,
-        checksum_sha256=hashing.sha256.hexdigest(),
-    )

@@ -26,6 +26,7 @@ from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
 from fleet_gateway.upload_gate import UploadGate, client_of
 from fleet_shared.db import files
+from fleet_shared.db.files import StorageQuota, quota_refusal, stored_bytes
 from fleet_shared.ids import new_id, parse_uuid
 
 log = structlog.get_logger(__name__)
@@ -160,6 +161,13 @@ async def read_form(upload: Upload, chunks: AsyncIterator[bytes], boundary: str,
                     await upload.add(bytes(event))
 
 
+async def refuse_past_quota(db: AsyncSession, quota: StorageQuota, size: int) -> None:
+    """507 when storing `size` more bytes would pass the deployment's quota."""
+    refusal = quota_refusal(quota, await stored_bytes(db), size)
+    if refusal is not None:
+        raise ApiError(507, "storage_quota_exceeded", f"the attachment was not stored: {refusal}")
+
+
 class AttachmentController(Controller):
     path = "/api/attachments"
 
@@ -174,6 +182,11 @@ class AttachmentController(Controller):
         storage = gw.settings.profile.storage
         limit = storage.max_attachment_mb * 2**20
         received = await receive(request, limit, gw.settings.data_dir / "uploads", gw.uploads)
+        try:
+            await refuse_past_quota(db, StorageQuota.of(storage), received.size)
+        except BaseException:
+            received.path.unlink(missing_ok=True)
+            raise
         attachment_id = new_id()
         try:
             await gw.blobs.put_file_async(f"attachments/{attachment_id}", received.path)

@@ -1,15 +1,94 @@
-"""Attachments and artifacts: the rows that describe bytes kept in the blob store."""
+"""Attachments and artifacts: the rows that describe bytes kept in the blob store, and the
+quotas on those bytes.
+
+The quotas are counted from the rows (`byte_size`), so every gateway and worker sees the same
+usage. Bytes stored but never recorded (an upload whose row failed, a Run whose commit failed)
+are not counted; nor are a Run's own artifacts until its commit, so Runs and uploads storing at
+the same moment may each pass the check and go over a quota by what they store together.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, ScalarSelect, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.orm import Session as OrmSession
 
+from fleet_shared.config_file import StorageSection
 from fleet_shared.db.models import Artifact, Attachment
 from fleet_shared.db.queries import now
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class StorageQuota:
+    """Bytes the blob store may hold for one session's artifacts, and for the whole deployment
+    (artifacts and attachments); 0 is no quota."""
+
+    session_bytes: int
+    deployment_bytes: int
+
+    @classmethod
+    def of(cls, storage: StorageSection) -> StorageQuota:
+        return cls(storage.quota_session_mb * MIB, storage.quota_deployment_mb * MIB)
+
+
+@dataclass(frozen=True)
+class StoredBytes:
+    """What the rows say is stored: one session's artifacts, and everything."""
+
+    session: int
+    deployment: int
+
+    def plus(self, size: int) -> StoredBytes:
+        return StoredBytes(self.session + size, self.deployment + size)
+
+
+def quota_refusal(quota: StorageQuota, stored: StoredBytes, adding: int) -> str | None:
+    """Why `adding` more bytes may not be stored (naming the key to raise), or None if they may."""
+    if quota.session_bytes and stored.session + adding > quota.session_bytes:
+        return (
+            "the session's stored files would pass storage.quota_session_mb "
+            f"({quota.session_bytes // MIB} MiB)"
+        )
+    if quota.deployment_bytes and stored.deployment + adding > quota.deployment_bytes:
+        return (
+            "the deployment's stored files would pass storage.quota_deployment_mb "
+            f"({quota.deployment_bytes // MIB} MiB)"
+        )
+    return None
+
+
+def stored_bytes_on(db: OrmSession, session_id: str | None = None) -> StoredBytes:
+    """The bytes recorded for the session `session_id` (0 without one) and for the deployment,
+    in one statement."""
+
+    def total(column: InstrumentedAttribute[int], *where: ColumnElement[bool]) -> ScalarSelect[int]:
+        return select(func.coalesce(func.sum(column), 0)).where(*where).scalar_subquery()
+
+    session = total(Artifact.byte_size, Artifact.session_id == session_id) if session_id else literal(0)
+    row = db.execute(select(session, total(Artifact.byte_size), total(Attachment.byte_size))).one()
+    return StoredBytes(int(row[0]), int(row[1]) + int(row[2]))
+
+
+async def stored_bytes(db: AsyncSession, session_id: str | None = None) -> StoredBytes:
+    return await db.run_sync(stored_bytes_on, session_id)
+
+
+def latest_checksums_on(db: OrmSession, session_id: str, names: Sequence[str]) -> dict[str, str]:
+    """The checksum of the artifact last stored under each of `names` in the session."""
+    if not names:
+        return {}
+    rows = db.execute(
+        select(Artifact.name, Artifact.checksum_sha256)
+        .where(Artifact.session_id == session_id, Artifact.name.in_(list(names)))
+        .order_by(Artifact.created_at)
+    ).all()
+    return {name: checksum for name, checksum in rows}  # in commit order: the latest stays
 
 
 async def add_attachment(

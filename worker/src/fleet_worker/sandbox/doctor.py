@@ -12,6 +12,7 @@ removed before the doctor returns); otherwise it runs without them, and says so.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -39,6 +40,7 @@ from fleet_worker.sandbox.cgroups import (
 from fleet_worker.sandbox.errors import INSTALL_HINT, SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.jail import LocalSandboxConfig, local_sandbox_config
 from fleet_worker.sandbox.local import LocalSandboxProvider
+from fleet_worker.sandbox.removal import remove_tree
 from fleet_worker.sandbox.syscalls import build_filter
 
 # The doctor must answer within a bounded time, whatever the profile allows a real cell.
@@ -238,7 +240,8 @@ def run_cell(cfg: LocalSandboxConfig, caps: Caps, view: CgroupView) -> Check:
     finally:
         provider.close()
         cgroups.remove_created()
-        shutil.rmtree(scratch, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(scratch)
     if cgroups.bases or check.status == "fail":
         return check
     detail = f"{check.detail}; cgroup limits not exercised: {cgroups.reason}"

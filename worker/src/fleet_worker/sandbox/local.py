@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,8 @@ from fleet_worker.sandbox.jail import (
 )
 from fleet_worker.sandbox.pool import WarmPool
 from fleet_worker.sandbox.provider import ScratchLease
+from fleet_worker.sandbox.removal import remove_tree
+from fleet_worker.sandbox.scratch import ScratchClaim, sweep_scratch
 from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.sandbox.syscalls import build_filter
 from fleet_worker.sandbox.trust import uid_range_clash, untrusted_interpreter
@@ -58,13 +59,6 @@ def prepare_workspace_root(root: Path) -> Path:
     root = root.resolve()
     create_dirs(root, 0o711)
     return root
-
-
-def remove_tree(folder: Path) -> None:
-    """A scratch workspace, gone; raises if it could not be (the child reports `failed`)."""
-    shutil.rmtree(folder)
-    if folder.exists():
-        raise OSError(f"scratch workspace {folder.name} is still there")
 
 
 class LocalSandboxLease:
@@ -242,13 +236,19 @@ class LocalSandboxProvider:
 
     def place_workspaces(self, preferred: Path, relocated: Path) -> Path:
         """Keep workspaces under `preferred`, unless a root worker's sandbox uid cannot get
-        there (a checkout under /root, say): then under `relocated`, so Turns still work."""
+        there (a checkout under /root, say): then under `relocated`, so Turns still work. The
+        scratch folders a crashed worker left there are swept now."""
         root = prepare_workspace_root(preferred)
         if not self.can_reach(root):
             log.warning("sandbox.workspaces_relocated", unreachable=str(root), using=str(relocated))
             root = prepare_workspace_root(relocated)
         self.workspaces = root
+        self.sweep_scratch()
         return root
+
+    def sweep_scratch(self) -> int:
+        """Remove the scratch folders no live lease holds (see sandbox/scratch.py); how many."""
+        return sweep_scratch(self.workspaces) if self.workspaces is not None else 0
 
     def acquire(self, workspace_id: str, run_id: str, session_id: str = "") -> LocalSandboxLease:
         """Prepare the workspace (memory/ skills/ attachments/ artifacts/), lease it to a run."""
@@ -260,18 +260,19 @@ class LocalSandboxProvider:
 
     def acquire_scratch(self, run_id: str) -> ScratchLease:
         """A child RLM's sandbox: a new empty folder beside the workspaces (so it gets a uid of
-        its own), never pooled, removed at release."""
+        its own), never pooled, removed at release (or, if that fails, by the sweep)."""
         if self.workspaces is None:
             raise SandboxError("the workspace cannot be placed (no workspaces folder)")
         self.check()
         assert self._isolation is not None
-        folder = self.workspaces / f"scratch-{uuid.uuid4().hex}"
+        claim = ScratchClaim(self.workspaces)
         try:
-            lease = self._lease(folder, run_id, self._isolation, pooled=False)
+            lease = self._lease(claim.folder, run_id, self._isolation, pooled=False)
         except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                claim.discard()
             raise
-        return ScratchLease(lease, functools.partial(remove_tree, folder))
+        return ScratchLease(lease, claim.discard)
 
     def _settle(self) -> Isolation:
         python = resolve_python(self._cfg)
@@ -335,7 +336,8 @@ class LocalSandboxProvider:
         finally:
             if lease is not None:
                 lease.release()
-            shutil.rmtree(workspace, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_tree(workspace)
         return None
 
     def _lease(

@@ -113,8 +113,9 @@ class WorkspaceBudget:
 
     A cell's end skips the walk when the last one is less than a second old and the workspace's
     filesystem has exactly the free blocks and free inodes it had just before it: then nothing on
-    it grew (delayed allocation is reserved, and so counted, at write time). One statvfs instead
-    of a tree walk per quick cell."""
+    it took space (delayed allocation is reserved, and so counted, at write time). One statvfs
+    instead of a tree walk per quick cell. A file lengthened without taking blocks (truncate)
+    changes neither: the next walk counts it (while the next cell runs, or at its end)."""
 
     EVERY_SECONDS = 1.0
 
@@ -136,10 +137,12 @@ class WorkspaceBudget:
         return info.f_bfree, info.f_ffree
 
     def usage(self) -> tuple[int, int]:
-        """Bytes allocated (st_blocks: a sparse file counts for what it takes) and entries."""
+        """Bytes and entries. An entry counts for its length or its allocated blocks, whichever
+        is larger: a sparse file takes little disk here, but whatever copies it out (an
+        artifact, a download) copies its whole length."""
         total = files = 0
         for _fd, _name, info, _path in walk(self.workspace, strict=True):
-            total += info.st_blocks * 512
+            total += max(info.st_size, info.st_blocks * 512)
             files += 1
         return total, files
 
