@@ -235,6 +235,7 @@ def run_cell(cfg: LocalSandboxConfig, caps: Caps, view: CgroupView) -> Check:
     cgroups = DoctorCgroups(view)
     provider = LocalSandboxProvider(cfg, caps=caps, cgroups=lambda _limits: cgroups)
     scratch = Path(tempfile.mkdtemp(prefix="fleet-doctor-"))
+    scratch.chmod(0o711)  # ours: a sandbox uid passes through to its workspace, as in a data dir
     try:
         check = timed_cell(provider, scratch / "workspaces")
     finally:
