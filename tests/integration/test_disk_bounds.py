@@ -85,8 +85,10 @@ async def test_sparse_artifacts_touched_again_do_not_fill_the_blob_store(
     assert errors and "sandbox.local.workspace_mb" in errors[0], "apparent size is not counted"
     kept = of(events, ArtifactCreated)
     assert len(kept) == 3 and all(a.byte_size == SPARSE_MIB * 2**20 for a in kept)
-    (refused,) = [w for w in of(events, Warning) if w.code == "storage_quota_exceeded"]
+    refused, workspace = [w for w in of(events, Warning) if w.code == "storage_quota_exceeded"]
     assert refused.message.startswith("17 files under artifacts/ not kept (sparse03.bin, ")
+    # The workspace's version would store the refused files: it is not kept either.
+    assert workspace.message.startswith("the workspace's changes were not kept: the session's stored")
     assert "and 12 more): the session's stored files would pass storage.quota_session_mb" in refused.message
     assert after_first - before <= 3 * SPARSE_MIB * 2**20 + 2**20
     touched = await harness.events(second)

@@ -361,8 +361,8 @@ async def test_fifos_links_and_swaps_in_the_workspace_cost_the_host_nothing(
     harness_factory: HarnessFactory,
 ) -> None:
     """While the host measures the workspace (every second), the cell keeps swapping a folder
-    for a FIFO and plants links: the host never blocks on the FIFO or follows a link, and
-    removes the FIFO when the Turn ends."""
+    for a FIFO and plants links: the host never blocks on the FIFO or follows a link, and the
+    Turn's version holds regular files only, so the next Turn finds neither link nor FIFO."""
     outcome = await attack(
         harness_factory,
         "import os, time\nbase = '/workspace/artifacts'\n"
@@ -379,7 +379,7 @@ async def test_fifos_links_and_swaps_in_the_workspace_cost_the_host_nothing(
     assert outcome.answer == "swapped"
     artifacts = [folder / "artifacts" for folder in workspace_folders(outcome)]
     assert artifacts and not (artifacts[0] / "fifo").exists()
-    assert (artifacts[0] / "link").is_symlink() and (artifacts[0] / "swap").is_dir()
+    assert not (artifacts[0] / "link").is_symlink() and not (artifacts[0] / "swap").exists()
 
 
 async def test_folders_nested_too_deep_are_refused_not_crashed_on(harness_factory: HarnessFactory) -> None:

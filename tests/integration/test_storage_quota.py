@@ -59,7 +59,17 @@ def kept(events: list[RunEvent]) -> list[str]:
 
 
 def warnings(events: list[RunEvent]) -> dict[str, str]:
-    return {e.code: e.message for e in events if isinstance(e, Warning)}
+    """The artifacts' warnings by code (the workspace's own quota warning: `workspace_warning`)."""
+    return {e.code: e.message for e in events if isinstance(e, Warning) and not is_workspace_warning(e)}
+
+
+def is_workspace_warning(event: Warning) -> bool:
+    return event.message.startswith("the workspace's changes were not kept")
+
+
+def workspace_warning(events: list[RunEvent]) -> str | None:
+    found = [e.message for e in events if isinstance(e, Warning) and is_workspace_warning(e)]
+    return found[0] if found else None
 
 
 async def session_of(harness: Harness, events: list[RunEvent]) -> str:
@@ -114,6 +124,8 @@ async def test_the_session_quota_refuses_what_would_pass_it(harness_factory: Har
         "storage_quota_exceeded": "1 file under artifacts/ not kept (two.txt): the session's stored "
         "files would pass storage.quota_session_mb (1 MiB)"
     }
+    # The refused file stays in the workspace, whose version would store it: not kept either.
+    assert "storage.quota_session_mb (1 MiB)" in (workspace_warning(events) or "")
     assert blob_count(harness.settings) == 1
     session_id = await session_of(harness, events)
     again = await turn(harness, {"three.txt": "x" * 300 * KIB, "four.txt": "x" * 200 * KIB}, session_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import obstore
 from obstore.exceptions import BaseError as BlobStoreError
@@ -28,14 +28,23 @@ CHUNK_BYTES = 256 * 1024
 __all__ = ["BlobMissing", "BlobStore", "BlobStoreError", "open_blob_store"]
 
 
+class Sink(Protocol):
+    def write(self, data: memoryview, /) -> int: ...
+
+
 class BlobMissing(Exception):
     """The store has no object under this key."""
 
 
 class BlobStore:
-    def __init__(self, store: ObjectStore, description: str) -> None:
+    def __init__(self, store: ObjectStore, description: str, folder: Path | None = None) -> None:
         self.store = store
         self.description = description  # for logs: the backend, never a credential
+        self.folder = folder  # the local backend's folder: its objects are files there
+
+    def local_path(self, key: str) -> Path | None:
+        """The file that holds `key` with the local backend (read it in place), else None."""
+        return None if self.folder is None else self.folder / key
 
     def put_file(self, key: str, source: Path) -> None:
         """Store a file's bytes under `key` (blocking: call it from a thread)."""
@@ -44,7 +53,7 @@ class BlobStore:
     async def put_file_async(self, key: str, source: Path) -> None:
         await obstore.put_async(self.store, key, source)
 
-    def download(self, key: str, sink: IO[bytes]) -> int:
+    def download(self, key: str, sink: IO[bytes] | Sink) -> int:
         """Copy an object into `sink` chunk by chunk (blocking); its size."""
         try:
             result = obstore.get(self.store, key)
@@ -67,6 +76,14 @@ class BlobStore:
         async for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
             yield bytes(chunk)
 
+    def exists(self, key: str) -> bool:
+        """Whether the store holds an object under `key` (blocking)."""
+        try:
+            obstore.head(self.store, key)
+        except (NotFoundError, FileNotFoundError):
+            return False
+        return True
+
     async def delete(self, key: str) -> None:
         with contextlib.suppress(NotFoundError, FileNotFoundError):
             await obstore.delete_async(self.store, key)
@@ -77,7 +94,10 @@ def open_blob_store(settings: Settings) -> BlobStore:
     if blobs.backend == "local":
         folder = settings.blobs_dir.resolve()
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return BlobStore(LocalStore(prefix=folder, mkdir=True), "local")
+        return BlobStore(LocalStore(prefix=folder, mkdir=True), "local", folder)
+    if blobs.from_url:  # endpoint, region, credentials and plain http: the AWS_* variables
+        url_store = S3Store(blobs.s3_bucket, prefix=blobs.s3_prefix or None)
+        return BlobStore(url_store, f"s3 bucket {blobs.s3_bucket}")
     config: dict[str, Any] = {"region": blobs.s3_region}
     if blobs.s3_endpoint:
         config["endpoint"] = blobs.s3_endpoint

@@ -9,6 +9,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -65,6 +66,7 @@ __all__ = [
 
 DEFAULT_CONFIG_PATH = Path("config/fleet.toml")
 ALLOWED_HOSTS_ENV = "FLEET_ALLOWED_HOSTS"
+BLOB_URL_ENV = "FLEET_BLOB_URL"
 
 
 class Secret:
@@ -118,6 +120,8 @@ class ResolvedBlobs(msgspec.Struct, frozen=True, kw_only=True):
     s3_access_key: Secret | None = None
     s3_secret_key: Secret | None = None
     s3_allow_http: bool = False
+    # Named by FLEET_BLOB_URL: the S3 client's own AWS_* variables give what the URL leaves out.
+    from_url: bool = False
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -207,7 +211,9 @@ def load_settings(environ: Mapping[str, str] | None = None, *, lm_credentials: b
         redis_url=redis_url,
         data_dir=data_dir,
         api_token=Secret(token) if token else None,
-        blobs=resolve_blobs(profile.storage.blobs, f"{key_prefix}.storage.blobs", env),
+        blobs=blobs_from_url(env[BLOB_URL_ENV])
+        if env.get(BLOB_URL_ENV)
+        else resolve_blobs(profile.storage.blobs, f"{key_prefix}.storage.blobs", env),
         skills_dir=Path(env.get("FLEET_SKILLS_DIR") or base / "skills"),
         allowed_hosts=(*profile.gateway.allowed_hosts, *allowed_hosts_from(env)),
     )
@@ -219,6 +225,20 @@ def allowed_hosts_from(env: Mapping[str, str]) -> tuple[str, ...]:
         if len(name) > 253 or not re.match(HOST_NAME_PATTERN, name):
             raise ConfigError(f"{ALLOWED_HOSTS_ENV}: {name[:60]!r} is not a host name")
     return names
+
+
+def blobs_from_url(url: str) -> ResolvedBlobs:
+    """The store FLEET_BLOB_URL names: `s3://bucket[/prefix]` (endpoint, region and credentials
+    from the AWS_* variables the S3 client reads itself) or `file:///folder`."""
+    parts = urlsplit(url)
+    if parts.scheme == "s3" and parts.netloc and not (parts.query or parts.fragment or "@" in parts.netloc):
+        return ResolvedBlobs(
+            backend="s3", s3_bucket=parts.netloc, s3_prefix=parts.path.strip("/"), s3_region="", from_url=True
+        )
+    if parts.scheme == "file" and parts.path.startswith("/") and not parts.netloc:
+        return ResolvedBlobs(backend="local", local_dir=Path(parts.path), from_url=True)
+    # The value is not echoed: a URL in the environment may carry a secret.
+    raise ConfigError(f"{BLOB_URL_ENV}: not s3://<bucket>[/<prefix>] or file:///<folder>")
 
 
 def resolve_blobs(section: BlobSection, key: str, env: Mapping[str, str]) -> ResolvedBlobs:

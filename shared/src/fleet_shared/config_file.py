@@ -172,6 +172,9 @@ class StorageSection(Section):
     # session's artifacts, and every artifact and attachment of the deployment.
     quota_session_mb: Annotated[int, msgspec.Meta(ge=0)] = 2_048
     quota_deployment_mb: Annotated[int, msgspec.Meta(ge=0)] = 20_480
+    # A worker's local copy of workspace contents it fetched or stored (scratch: evicted least
+    # recently used first past this bound; 0 keeps none). Unused with the local backend.
+    workspace_cache_mb: Annotated[int, msgspec.Meta(ge=0, le=1_048_576)] = 2_048
 
 
 class WorkerSection(Section):

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from fleet_shared import redis_keys
-from fleet_shared.blobs import open_blob_store
+from fleet_shared.blobs import BlobStore, open_blob_store
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, dispose_engine, session_factory
 from fleet_shared.event_log import RunLog
@@ -32,7 +32,9 @@ from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.jail import local_sandbox_config
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.provider import SandboxProvider
+from fleet_worker.sandbox.sync import VersionedFolders
 from fleet_worker.turn import WorkerDeps, run_turn
+from fleet_worker.workspace_objects import WorkspaceObjects
 
 log = structlog.get_logger(__name__)
 HEALTH_CHECK_INTERVAL_SECONDS = 5
@@ -45,18 +47,27 @@ DAYTONA_SWEEP_SECONDS = 60.0
 SCRATCH_SWEEP_SECONDS = 60.0
 
 
-def sandbox_provider(settings: Settings) -> SandboxProvider:
+def workspace_objects(settings: Settings, blobs: BlobStore) -> WorkspaceObjects:
+    """Workspace contents in the store, with this worker's cache of them."""
+    cache = settings.data_dir.resolve() / "cache" / "workspaces"
+    return WorkspaceObjects(blobs, cache, settings.profile.storage.workspace_cache_mb * 2**20)
+
+
+def sandbox_provider(settings: Settings, blobs: BlobStore | None = None) -> SandboxProvider:
     """The configured provider, checked: any problem stops the worker with one clear line."""
+    blobs = blobs or open_blob_store(settings)
     if settings.profile.sandbox.provider == "daytona":
         from fleet_worker.sandbox.daytona import daytona_provider  # the SDK only when it is used
 
         return daytona_provider(settings)
     # Where sandboxed code writes on this host: the interpreter must never come from there.
     roots = (settings.data_dir, settings.workspaces_dir, relocated_root(settings.workspaces_dir))
+    local = local_sandbox_config(settings.profile.sandbox.local)
     provider = LocalSandboxProvider(
-        local_sandbox_config(settings.profile.sandbox.local),
+        local,
         caps=Caps.from_rlm(settings.profile.rlm),
         sandbox_roots=(*roots, settings.blobs_dir),
+        versions=VersionedFolders(workspace_objects(settings, blobs), local.workspace_files),
     )
     provider.check()
     provider.place_workspaces(settings.workspaces_dir, relocated_root(settings.workspaces_dir))
@@ -71,7 +82,8 @@ def queue_settings(settings: Settings) -> RedisSettings:
 
 
 def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
-    sandboxes = sandbox_provider(settings)  # fails fast: no bwrap, no worker
+    blobs = open_blob_store(settings)
+    sandboxes = sandbox_provider(settings, blobs)  # fails fast: no bwrap, no worker
     queue = settings.profile.worker.queue_name
     concurrency = settings.profile.worker.concurrency
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
@@ -91,7 +103,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             redis=redis,
             runlog=RunLog(redis),
             sandboxes=sandboxes,
-            blobs=open_blob_store(settings),
+            blobs=blobs,
             scripts={},
             programs=ThreadPoolExecutor(concurrency, thread_name_prefix="fleet-rlm"),
             sandbox_ops=ThreadPoolExecutor(concurrency + 2, thread_name_prefix="fleet-sandbox-ops"),

@@ -21,18 +21,20 @@ from sqlalchemy.orm import Session as OrmSession
 from fleet_shared.blobs import BlobStore
 from fleet_shared.checkpoint import next_task
 from fleet_shared.config import Settings
-from fleet_shared.db import queries, runs
+from fleet_shared.db import queries, runs, workspace_versions
 from fleet_shared.db.engine import run_whole
 from fleet_shared.db.models import Session
 from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import Answer, ChildProgress, StatusChanged, Warning
+from fleet_shared.manifests import WorkspaceState
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker import metrics
-from fleet_worker.artifacts import ARTIFACTS, ArtifactLimits, collect_artifacts, stamp_limit
+from fleet_worker.artifacts import ARTIFACTS, stamp_limit
 from fleet_worker.control import ControlListener
 from fleet_worker.conversation import load_conversation
 from fleet_worker.errors import LeaseLost, SandboxFailed, TurnCancelled
+from fleet_worker.kept import keep_artifacts, keep_workspace
 from fleet_worker.lease import RunLease
 from fleet_worker.lm.script import Script
 from fleet_worker.outcome import SHUTDOWN_OUTCOME, Outcome, failure_outcome, terminal_event, usage_event
@@ -77,6 +79,7 @@ class Claim:
     started: float
     checkpoint_version: int = 0  # the session's task checkpoint as this Run found it
     task: dict[str, Any] | None = None
+    workspace: WorkspaceState | None = None  # its latest version, which the Run starts from
 
 
 @dataclass
@@ -157,6 +160,7 @@ def claim_on(db: OrmSession, run_id: str) -> Claim | None:
         started=time.monotonic(),
         checkpoint_version=session.checkpoint_version,
         task=session.task,
+        workspace=workspace_versions.state_on(db, session.workspace_id),
     )
 
 
@@ -206,7 +210,10 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
     loop = asyncio.get_running_loop()
     asked = time.monotonic()
     # The lease first: a workspace with no warm REPL starts one now, while the history loads.
-    acquire = functools.partial(deps.sandboxes.acquire, claim.workspace_id, claim.run_id, claim.session_id)
+    manifest = claim.workspace.manifest if claim.workspace is not None else None
+    acquire = functools.partial(
+        deps.sandboxes.acquire, claim.workspace_id, claim.run_id, claim.session_id, manifest
+    )
     acquiring = loop.run_in_executor(deps.sandbox_ops, timed, acquire)
     provider = deps.settings.profile.sandbox.provider
     cleanup.push_async_callback(release_when_acquired, deps.sandbox_ops, provider, acquiring)
@@ -284,8 +291,10 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
         message = f"the Turn's events could not be published ({sink.broken})"
         outcome = Outcome(RunCommand.FAIL, "failed", failure_code="sandbox_error", failure_message=message)
     await report_children(deps, turn)
+    deadline = settle_deadline(deps, turn)
     if outcome.command is not RunCommand.CANCEL:
-        outcome = await keep_artifacts(deps, turn, outcome)
+        outcome = await keep_artifacts(deps, turn, outcome, deadline)
+    outcome, workspace = await keep_workspace(deps, turn, outcome, deadline)
     if outcome.answer is not None:
         sink.emit(
             Answer(run_id=claim.run_id, part_id="text-answer", text=capped_answer(deps, sink, outcome.answer))
@@ -310,9 +319,10 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
         failure_message=outcome.failure_message,
         task=next_checkpoint(turn, outcome),
         checkpoint_version=version,
+        workspace=workspace,
     )
     try:
-        committed = await commit_with_retry(deps.sessions, settlement, deadline=settle_deadline(deps, turn))
+        committed = await commit_with_retry(deps.sessions, settlement, deadline=deadline)
     except Exception as exc:  # the database refused this ending for good, or stayed away too long
         log.error("turn.commit_failed", error_type=type(exc).__name__, exc_info=exc)
         settlement = commit_failed(settlement, terminal)
@@ -354,32 +364,6 @@ async def report_children(deps: WorkerDeps, turn: Turn) -> None:
     for event in finals:
         if (event.child_id, event.state) not in streamed:  # its thread's report was dropped
             turn.sink.emit(event)
-
-
-async def keep_artifacts(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> Outcome:
-    """Store and announce what the Run wrote under artifacts/ (the commit records them). If the
-    blob store (or the database, past the Turn's deadline) refuses, a completed Turn fails: its
-    answer may refer to files it cannot have."""
-    if turn.sandbox is None or turn.lease.lost.is_set():
-        return outcome
-    try:
-        await collect_artifacts(
-            sessions=deps.sessions,
-            blobs=deps.blobs,
-            executor=deps.sandbox_ops,
-            lease=turn.sandbox,
-            before=turn.artifacts_before,
-            session_id=turn.claim.session_id,
-            limits=ArtifactLimits.of(deps.settings.profile.storage),
-            sink=turn.sink,
-            deadline=settle_deadline(deps, turn),
-        )
-    except Exception as exc:
-        log.warning("turn.artifacts_failed", error_type=type(exc).__name__, error=str(exc))
-        if outcome.command is RunCommand.COMPLETE:
-            message = "the files the Turn wrote under artifacts/ could not be stored; send it again"
-            return Outcome(RunCommand.FAIL, "failed", failure_code="artifact_error", failure_message=message)
-    return outcome
 
 
 def capped_answer(deps: WorkerDeps, sink: EventSink, answer: str) -> str:

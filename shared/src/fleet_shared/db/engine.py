@@ -32,6 +32,7 @@ REVISIONS = (
     "0004_attachments_artifacts",
     "0005_skills_and_task",
     "0006_feedback",
+    "0007_workspace_versions",
 )
 HEAD_REVISION = REVISIONS[-1]
 CONNECT_TIMEOUT_SECONDS = 5

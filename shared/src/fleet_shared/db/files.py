@@ -18,7 +18,7 @@ from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.config_file import StorageSection
-from fleet_shared.db.models import Artifact, Attachment
+from fleet_shared.db.models import Artifact, Attachment, Session, WorkspaceVersion
 from fleet_shared.db.queries import now
 
 MIB = 2**20
@@ -26,8 +26,9 @@ MIB = 2**20
 
 @dataclass(frozen=True)
 class StorageQuota:
-    """Bytes the blob store may hold for one session's artifacts, and for the whole deployment
-    (artifacts and attachments); 0 is no quota."""
+    """Bytes the blob store may hold for one session (its artifacts and its workspace versions),
+    and for the whole deployment (artifacts, attachments and workspace versions); 0 is no quota.
+    A version counts what its Run put in the store, the files it changed."""
 
     session_bytes: int
     deployment_bytes: int
@@ -39,7 +40,7 @@ class StorageQuota:
 
 @dataclass(frozen=True)
 class StoredBytes:
-    """What the rows say is stored: one session's artifacts, and everything."""
+    """What the rows say is stored: one session's, and everything."""
 
     session: int
     deployment: int
@@ -70,9 +71,22 @@ def stored_bytes_on(db: OrmSession, session_id: str | None = None) -> StoredByte
     def total(column: InstrumentedAttribute[int], *where: ColumnElement[bool]) -> ScalarSelect[int]:
         return select(func.coalesce(func.sum(column), 0)).where(*where).scalar_subquery()
 
-    session = total(Artifact.byte_size, Artifact.session_id == session_id) if session_id else literal(0)
-    row = db.execute(select(session, total(Artifact.byte_size), total(Attachment.byte_size))).one()
-    return StoredBytes(int(row[0]), int(row[1]) + int(row[2]))
+    session: ColumnElement[int] = literal(0)
+    versions: ColumnElement[int] = literal(0)
+    if session_id:
+        workspace = select(Session.workspace_id).where(Session.id == session_id).scalar_subquery()
+        session = total(Artifact.byte_size, Artifact.session_id == session_id)
+        versions = total(WorkspaceVersion.added_bytes, WorkspaceVersion.workspace_id == workspace)
+    row = db.execute(
+        select(
+            session,
+            versions,
+            total(Artifact.byte_size),
+            total(Attachment.byte_size),
+            total(WorkspaceVersion.added_bytes),
+        )
+    ).one()
+    return StoredBytes(int(row[0]) + int(row[1]), int(row[2]) + int(row[3]) + int(row[4]))
 
 
 async def stored_bytes(db: AsyncSession, session_id: str | None = None) -> StoredBytes:

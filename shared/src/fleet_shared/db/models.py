@@ -28,6 +28,35 @@ class Workspace(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Its latest committed version (0: none yet); only a commit over the version a Run read at
+    # its claim moves it on.
+    version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class WorkspaceManifest(Base):
+    """A manifest (fleet_shared.manifests), stored once by its sha256 whoever refers to it."""
+
+    __tablename__ = "workspace_manifests"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    file_count: Mapped[int] = mapped_column(Integer)
+    byte_size: Mapped[int] = mapped_column(BigInteger)
+    entries: Mapped[str] = mapped_column(Text)  # the canonical encoding the sha256 names
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WorkspaceVersion(Base):
+    """What a workspace held after one Run (or, version 1 of a fork, what its parent held)."""
+
+    __tablename__ = "workspace_versions"
+
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    manifest_sha256: Mapped[str] = mapped_column(ForeignKey("workspace_manifests.sha256"), index=True)
+    run_id: Mapped[str | None] = mapped_column(ForeignKey("runs.id"), index=True, default=None)
+    # The bytes this version put in the store (files its Run changed): what the quotas count.
+    added_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class Session(Base):

@@ -11,18 +11,23 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
+import structlog
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as OrmSession
 
+from fleet_shared.db import workspace_versions
 from fleet_shared.db.models import Artifact, Run, RunEventRow, Session, Turn
 from fleet_shared.db.queries import get_run, now
+from fleet_shared.db.workspace_versions import WorkspaceChange
 from fleet_shared.events import ArtifactCreated, RunCancelled, RunEvent, RunFailed, encode_event, event_type
 from fleet_shared.ids import new_id
 from fleet_shared.run_state import ACTIVE_STATUSES, Decision, RunCommand, RunStatus, decide, decide_ending
 from fleet_shared.transcript import tombstone_parts
 
 TERMINAL_OR_QUEUED = frozenset(set(RunStatus) - {RunStatus.RUNNING, RunStatus.SETTLING})
+
+log = structlog.get_logger(__name__)
 
 
 async def apply_transition(
@@ -163,6 +168,8 @@ class Settlement(msgspec.Struct, frozen=True, kw_only=True):
     # The session's next task checkpoint and its version (fleet_shared.checkpoint), if any.
     task: dict[str, Any] | None = None
     checkpoint_version: int | None = None
+    # The workspace's next version (its files are in the blob store already), if any.
+    workspace: WorkspaceChange | None = None
 
 
 async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
@@ -227,6 +234,8 @@ def commit_settlement_on(db: OrmSession, s: Settlement) -> bool:
             .where(Session.id == s.session_id, Session.checkpoint_version == s.checkpoint_version - 1)
             .values(task=s.task, checkpoint_version=s.checkpoint_version)
         )
+    if s.workspace is not None and not workspace_versions.record_on(db, s.workspace, s.run_id):
+        log.warning("workspace.version_stale", workspace_id=s.workspace.workspace_id)
     if s.events:
         db.execute(
             insert(RunEventRow),

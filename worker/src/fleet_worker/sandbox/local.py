@@ -14,6 +14,7 @@ from pathlib import Path
 
 import structlog
 
+from fleet_shared.manifests import Manifest
 from fleet_shared.workspaces import create_dirs
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.cgroups import Cgroups, Limits
@@ -33,10 +34,11 @@ from fleet_worker.sandbox.jail import (
     unisolated_command,
 )
 from fleet_worker.sandbox.pool import WarmPool
-from fleet_worker.sandbox.provider import ScratchLease
+from fleet_worker.sandbox.provider import Captured, Room, ScratchLease, no_quota
 from fleet_worker.sandbox.removal import remove_tree
 from fleet_worker.sandbox.scratch import ScratchClaim, sweep_scratch
 from fleet_worker.sandbox.session import ReplSession
+from fleet_worker.sandbox.sync import Baseline, VersionedFolders
 from fleet_worker.sandbox.syscalls import build_filter
 from fleet_worker.sandbox.trust import uid_range_clash, untrusted_interpreter
 from fleet_worker.sandbox.workspace import (
@@ -74,8 +76,12 @@ class LocalSandboxLease:
         caps: Caps,
         isolated: bool,
         pool: WarmPool | None = None,
+        versions: VersionedFolders | None = None,
+        known: Baseline | None = None,
     ) -> None:
         self.workspace = workspace
+        self._versions = versions
+        self.known: Baseline = known or {}  # what the host knows of the folder's files
         self.run_id = run_id
         # False when cells run as plain subprocesses (allow_unisolated with no working bwrap).
         self.isolated = isolated
@@ -123,6 +129,14 @@ class LocalSandboxLease:
         for session in sessions:
             session.interrupt()
 
+    def capture(self, room: Room = no_quota, counted: frozenset[str] = frozenset()) -> Captured:
+        """The workspace's files now, each one the Run changed put in the store (blocking)."""
+        if self._versions is None:
+            raise SandboxError("this worker keeps no workspace versions (no store)")
+        captured = self._versions.capture(self.workspace, self.known, room, counted)
+        self.known = captured.known
+        return captured
+
     def retire(self) -> None:
         """As release, without a warm REPL for the workspace's next Run."""
         self._pool = None
@@ -144,6 +158,8 @@ class LocalSandboxLease:
                 session.shutdown()
             except Exception as exc:
                 log.warning("sandbox.shutdown_failed", run_id=self.run_id, error=str(exc))
+        if self._versions is not None:  # the folder's next Run here starts from what we know
+            self._versions.remember(self.workspace, self.known)
         try:  # what the Run left behind: no setuid bits, no devices, fifos or sockets
             sanitize(self.workspace, self._launch.run_as)
         except Exception as exc:  # a hostile tree must not turn a release into a crash
@@ -186,13 +202,15 @@ class LocalSandboxProvider:
         workspaces: Path | None = None,
         cgroups: Callable[[Limits], Cgroups] = Cgroups.detect,
         sandbox_roots: tuple[Path, ...] = (),
+        versions: VersionedFolders | None = None,
     ) -> None:
         """`search_path` is the PATH used to find bwrap (default: this process's PATH);
         `workspaces` the folder that holds one folder per workspace (see place_workspaces);
         `cgroups` finds the REPLs' cgroups (`fleet doctor` passes one that writes nothing shared);
         `sandbox_roots` the folders sandboxed code can write to (the data dirs), where the
-        interpreter must never be."""
+        interpreter must never be; `versions` keeps workspace folders in step with the store."""
         self.workspaces = workspaces
+        self.versions = versions
         self._sandbox_roots = sandbox_roots
         self._find_cgroups = cgroups
         self._cfg = cfg
@@ -250,13 +268,22 @@ class LocalSandboxProvider:
         """Remove the scratch folders no live lease holds (see sandbox/scratch.py); how many."""
         return sweep_scratch(self.workspaces) if self.workspaces is not None else 0
 
-    def acquire(self, workspace_id: str, run_id: str, session_id: str = "") -> LocalSandboxLease:
-        """Prepare the workspace (memory/ skills/ attachments/ artifacts/), lease it to a run."""
+    def acquire(
+        self, workspace_id: str, run_id: str, session_id: str = "", manifest: Manifest | None = None
+    ) -> LocalSandboxLease:
+        """Prepare the workspace (memory/ skills/ attachments/ artifacts/), holding exactly what
+        `manifest` (a version) holds, and lease it to a run; with no manifest, as it is."""
         if self.workspaces is None or not workspace_id or "/" in workspace_id or workspace_id in (".", ".."):
             raise SandboxError("the workspace cannot be placed (no workspaces folder, or a bad id)")
         self.check()
         assert self._isolation is not None
-        return self._lease(self.workspaces / workspace_id, run_id, self._isolation)
+        folder = (self.workspaces / workspace_id).resolve()
+        known = None
+        if manifest is not None:
+            if self.versions is None:
+                raise SandboxError("this worker keeps no workspace versions (no store)")
+            known = self.versions.materialise(folder, manifest, self.sandbox_uid(folder))
+        return self._lease(folder, run_id, self._isolation, known=known)
 
     def acquire_scratch(self, run_id: str) -> ScratchLease:
         """A child RLM's sandbox: a new empty folder beside the workspaces (so it gets a uid of
@@ -341,7 +368,13 @@ class LocalSandboxProvider:
         return None
 
     def _lease(
-        self, workspace: Path, run_id: str, isolation: Isolation, *, pooled: bool = True
+        self,
+        workspace: Path,
+        run_id: str,
+        isolation: Isolation,
+        *,
+        pooled: bool = True,
+        known: Baseline | None = None,
     ) -> LocalSandboxLease:
         workspace = workspace.resolve()
         HOST_PATHS.add(workspace.parent)
@@ -392,6 +425,8 @@ class LocalSandboxProvider:
             caps=self._caps,
             isolated=isolation.bwrap is not None,
             pool=self._pool if pooled and run_id != PROBE_RUN else None,
+            versions=self.versions if known is not None else None,
+            known=known,
         )
 
     def _staged_driver(self, isolation: Isolation) -> Path:

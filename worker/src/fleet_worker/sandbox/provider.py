@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from fleet_shared.manifests import Manifest
 from fleet_worker.sandbox.boundary import CellResult
 
 
@@ -35,6 +36,28 @@ class Repl(Protocol):
     def interrupt(self) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+# Why storing this many bytes more would pass a quota, or None (fleet_shared.db.files).
+Room = Callable[[int], "str | None"]
+
+
+def no_quota(_size: int) -> str | None:
+    return None
+
+
+class OverQuota(Exception):
+    """Storing the files a Run changed would pass a quota (the message says which)."""
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A workspace as its Run left it: its next version's manifest, what storing the files the
+    Run changed added to the store, and what the provider keeps to tell a later change."""
+
+    manifest: Manifest
+    added_bytes: int
+    known: Any = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +115,13 @@ class SandboxLease(Protocol):
         """As release, and never reuse what backed this lease (it misbehaved)."""
         ...
 
+    def capture(self, room: Room = no_quota, counted: frozenset[str] = frozenset()) -> Captured:
+        """What the workspace holds now, as the manifest of its next version; every file the
+        Run changed is put in the store first (blocking). OverQuota, with nothing stored, when
+        `room` refuses what they add; the files in `counted` (workspace-relative paths) are
+        counted elsewhere (the Run's artifacts) and left out of that."""
+        ...
+
 
 class SandboxProvider(Protocol):
     @property
@@ -103,9 +133,12 @@ class SandboxProvider(Protocol):
         """Fail (SandboxUnavailable) unless sandboxes can be made as configured."""
         ...
 
-    def acquire(self, workspace_id: str, run_id: str, session_id: str = "") -> SandboxLease:
+    def acquire(
+        self, workspace_id: str, run_id: str, session_id: str = "", manifest: Manifest | None = None
+    ) -> SandboxLease:
         """Lease the workspace `workspace_id` (its layout prepared) to the Run `run_id` of the
-        session `session_id` (providers that keep a sandbox per session label it so)."""
+        session `session_id` (providers that keep a sandbox per session label it so), holding
+        exactly the files of `manifest`, the version the Run starts from."""
         ...
 
     def acquire_scratch(self, run_id: str) -> SandboxLease:
@@ -150,3 +183,6 @@ class ScratchLease:
 
     def retire(self) -> None:
         self.release()
+
+    def capture(self, room: Room = no_quota, counted: frozenset[str] = frozenset()) -> Captured:
+        return self.inner.capture(room, counted)

@@ -35,12 +35,13 @@ from daytona import (
 )
 
 from fleet_shared.config import DaytonaSection, Settings
+from fleet_shared.manifests import Manifest
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.daytona.errors import run_failure
 from fleet_worker.sandbox.daytona.files import DaytonaWorkspaceFiles
-from fleet_worker.sandbox.errors import SandboxUnavailable
+from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.jail import DRIVER_SOURCE, OUTPUT_FD_PLACEHOLDER, LaunchSpec
-from fleet_worker.sandbox.provider import ScratchLease
+from fleet_worker.sandbox.provider import Captured, Room, ScratchLease, no_quota
 from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.sandbox.workspace import WORKSPACE_DIRS
 
@@ -211,6 +212,9 @@ class DaytonaLease:
         for name in leftover:  # sessions whose REPL never reported its end
             self.end_remote(LaunchSpec(argv=(), env={"FLEET_RELAY_SESSION": name}, cwd="/"))
 
+    def capture(self, room: Room = no_quota, counted: frozenset[str] = frozenset()) -> Captured:
+        raise SandboxError("workspace versions are not kept for Daytona sandboxes yet")
+
     def retire(self) -> None:
         """As release, then delete the sandbox: the session's next Turn gets a new one."""
         self.release()
@@ -243,7 +247,9 @@ class DaytonaSandboxProvider:
                 self._client = self.access.client()
             return self._client
 
-    def acquire(self, workspace_id: str, run_id: str, session_id: str = "") -> DaytonaLease:
+    def acquire(
+        self, workspace_id: str, run_id: str, session_id: str = "", manifest: Manifest | None = None
+    ) -> DaytonaLease:
         session_id = session_id or workspace_id
         doing = "preparing the session's sandbox"
         try:

@@ -1,0 +1,103 @@
+"""Workspace versions in the database: the latest one a Run starts from, one a reader asks for,
+and the new one a Run's commit records (fleet_shared.manifests says what a version is)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from sqlalchemy import select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session as OrmSession
+
+from fleet_shared.db.models import Workspace, WorkspaceManifest, WorkspaceVersion, utcnow
+from fleet_shared.manifests import EMPTY, Manifest, WorkspaceState
+
+
+class WorkspaceChange(msgspec.Struct, frozen=True, kw_only=True):
+    """What a Run's commit records of its workspace: the version it read, and what it left."""
+
+    workspace_id: str
+    seen_version: int
+    manifest: Manifest
+    added_bytes: int = 0  # what the Run put in the store for it
+
+
+def state_on(db: OrmSession, workspace_id: str) -> WorkspaceState:
+    """The workspace's latest committed version and its manifest."""
+    workspace = db.get(Workspace, workspace_id)
+    version = workspace.version if workspace is not None else 0
+    if version == 0:
+        return WorkspaceState(workspace_id=workspace_id, version=0)
+    entries = db.scalar(
+        select(WorkspaceManifest.entries)
+        .join(WorkspaceVersion, WorkspaceVersion.manifest_sha256 == WorkspaceManifest.sha256)
+        .where(WorkspaceVersion.workspace_id == workspace_id, WorkspaceVersion.version == version)
+    )
+    manifest = Manifest.decode(entries) if entries is not None else EMPTY
+    return WorkspaceState(workspace_id=workspace_id, version=version, manifest=manifest)
+
+
+async def version_row(
+    db: AsyncSession, workspace_id: str, *, version: int | None = None, run_id: str | None = None
+) -> WorkspaceVersion | None:
+    """One version of the workspace: the one numbered `version`, the one `run_id` left, or (with
+    neither) the latest."""
+    query = select(WorkspaceVersion).where(WorkspaceVersion.workspace_id == workspace_id)
+    if version is not None:
+        query = query.where(WorkspaceVersion.version == version)
+    elif run_id is not None:
+        query = query.where(WorkspaceVersion.run_id == run_id)
+    else:
+        latest = select(Workspace.version).where(Workspace.id == workspace_id).scalar_subquery()
+        query = query.where(WorkspaceVersion.version == latest)
+    row: WorkspaceVersion | None = await db.scalar(query)
+    return row
+
+
+async def manifest_entries(db: AsyncSession, sha256: str) -> Manifest | None:
+    entries = await db.scalar(select(WorkspaceManifest.entries).where(WorkspaceManifest.sha256 == sha256))
+    return Manifest.decode(entries) if entries is not None else None
+
+
+def record_on(db: OrmSession, change: WorkspaceChange, run_id: str | None) -> bool:
+    """The next version, in the caller's transaction, only over the version the Run read: a
+    stale version never overwrites a newer one (False, and nothing is recorded)."""
+    moved = db.execute(
+        update(Workspace)
+        .where(Workspace.id == change.workspace_id, Workspace.version == change.seen_version)
+        .values(version=change.seen_version + 1)
+    )
+    if moved.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    sha256 = add_manifest_on(db, change.manifest)
+    db.add(
+        WorkspaceVersion(
+            workspace_id=change.workspace_id,
+            version=change.seen_version + 1,
+            manifest_sha256=sha256,
+            run_id=run_id,
+            added_bytes=change.added_bytes,
+            created_at=utcnow(),
+        )
+    )
+    return True
+
+
+def add_manifest_on(db: OrmSession, manifest: Manifest) -> str:
+    """The manifest's row, unless one with its sha256 is there already (the same content)."""
+    encoded = manifest.encode()
+    sha256 = manifest.sha256
+    values: dict[str, Any] = {
+        "sha256": sha256,
+        "file_count": len(manifest.entries),
+        "byte_size": manifest.byte_size,
+        "entries": encoded.decode(),
+        "created_at": utcnow(),
+    }
+    dialect = db.get_bind().dialect.name
+    insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
+    db.execute(insert(WorkspaceManifest).values(**values).on_conflict_do_nothing(index_elements=["sha256"]))
+    return sha256
