@@ -31,6 +31,10 @@ HELM_TIMEOUT_SECONDS = 60
 
 Manifest = dict[str, Any]
 
+# Settings that take minimal-values' S3 bucket away, leaving the profile's storage.blobs to
+# choose the store.
+NO_BLOB_STORE = {"blobStore.url": "", "secrets.blobAccessKey.key": "", "secrets.blobSecretKey.key": ""}
+
 
 def values_files() -> list[Path]:
     """Every CI values file: each is linted, rendered, validated and scanned."""
@@ -39,6 +43,13 @@ def values_files() -> list[Path]:
 
 def values_file(name: str) -> Path:
     return VALUES_DIR / f"{name}-values.yaml"
+
+
+MINIMAL = values_file("minimal")
+DEV = values_file("dev")
+KEDA = values_file("keda")
+DAYTONA = values_file("daytona")
+PRIVILEGED = values_file("privileged")
 
 
 def require_tool(name: str, path: str | None) -> str:
@@ -169,6 +180,11 @@ def workloads(manifests: list[Manifest]) -> Iterator[Manifest]:
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A container's env by variable name."""
     return {entry["name"]: entry for entry in container.get("env", [])}
+
+
+def egress_ports(policy: Manifest) -> set[int]:
+    """Every port a NetworkPolicy lets out to."""
+    return {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
 
 
 def hook_of(manifest: Manifest) -> str | None:

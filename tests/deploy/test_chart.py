@@ -17,6 +17,7 @@ from tests.deploy.chart import (
     CHART,
     CHECKOV_CONFIG,
     CHECKOV_SPEC,
+    MINIMAL,
     REPO,
     Manifest,
     containers,
@@ -36,7 +37,6 @@ from tests.deploy.chart import (
 
 pytestmark = pytest.mark.deploy
 
-MINIMAL = values_file("minimal")
 # Custom resources: kubernetes-validate has no schema for them; test_custom_resources_shape
 # checks the fields KEDA and the Prometheus Operator read instead.
 CUSTOM_KINDS = {"ScaledObject", "ServiceMonitor"}
@@ -185,13 +185,22 @@ def test_no_secret_is_created_and_secret_env_is_by_reference() -> None:
                     if secret_like or url:
                         assert set(entry) == {"name", "valueFrom"}, entry
                         assert set(entry["valueFrom"]) == {"secretKeyRef"}, entry
+                    # No URL in plain sight carries a password (user:password@host).
+                    assert not re.search(r"://[^/@\s]*:[^/@\s]*@", entry.get("value", "")), entry
 
 
 def test_dev_urls_carry_no_password() -> None:
+    """The dev services take no credential: PostgreSQL trusts the release's pods, Redis has no
+    password, and the dev MinIO's bucket takes unsigned requests; their NetworkPolicies let only
+    the release's pods in."""
     manifests = render(values_file("dev"))
     env = env_of(next(containers(find(manifests, "Deployment", "worker"))))
     assert env["FLEET_DATABASE_URL"]["value"] == "postgresql+asyncpg://fleet@t-fleet-postgresql:5432/fleet"
     assert env["FLEET_REDIS_URL"]["value"] == "redis://t-fleet-redis:6379/0"
+    assert env["FLEET_BLOB_URL"]["value"] == "s3://fleet"
+    assert env["AWS_ENDPOINT_URL"]["value"] == "http://t-fleet-minio:9000"
+    assert env["AWS_SKIP_SIGNATURE"]["value"] == "true"
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(env)
 
 
 @pytest.mark.parametrize(

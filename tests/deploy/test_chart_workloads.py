@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from tests.deploy.chart import (
+    DAYTONA,
+    DEV,
+    KEDA,
+    MINIMAL,
+    NO_BLOB_STORE,
+    PRIVILEGED,
     Manifest,
+    egress_ports,
     env_of,
     find,
     hook_of,
@@ -16,16 +23,10 @@ from tests.deploy.chart import (
     pod_spec,
     render,
     render_error,
-    values_file,
     workloads,
 )
 
 pytestmark = pytest.mark.deploy
-
-MINIMAL = values_file("minimal")
-KEDA = values_file("keda")
-DEV = values_file("dev")
-DAYTONA = values_file("daytona")
 
 
 def container(manifest: Manifest) -> dict[str, Any]:
@@ -246,7 +247,7 @@ def test_worker_sandbox_modes() -> None:
     assert context["procMount"] == "Unmasked"
     assert context["seccompProfile"] == context["appArmorProfile"] == {"type": "Unconfined"}
 
-    privileged = find(render(values_file("privileged")), "Deployment", "worker")
+    privileged = find(render(PRIVILEGED), "Deployment", "worker")
     assert "hostUsers" not in pod_spec(privileged)
     assert pod_spec(privileged)["securityContext"]["runAsUser"] == 0
     assert container(privileged)["securityContext"]["privileged"] is True
@@ -282,7 +283,7 @@ def test_credentials_go_only_where_they_are_used() -> None:
 
 
 def test_pods_with_an_fs_group_skip_the_recursive_chown() -> None:
-    for values in (MINIMAL, DEV, values_file("privileged")):
+    for values in (MINIMAL, DEV, PRIVILEGED):
         for workload in workloads(render(values)):
             context = pod_spec(workload)["securityContext"]
             if "fsGroup" in context:
@@ -290,10 +291,6 @@ def test_pods_with_an_fs_group_skip_the_recursive_chown() -> None:
 
 
 MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
-
-
-def egress_ports(policy: Manifest) -> set[int]:
-    return {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
 
 
 def test_network_policy_admits_the_scraper_to_gateways_and_workers() -> None:
@@ -312,16 +309,20 @@ def test_network_policy_s3_egress_and_extra_rules_by_component() -> None:
         '[config]\ndefault_profile = "p"\n[profiles.p.llm.root]\nmodel = "scripted/x"\n'
         '[profiles.p.storage.blobs]\nbackend = "s3"\n'
     )
-    manifests = render(
+    manifests = render(  # the profile's own s3 table, without blobStore
         MINIMAL,
-        settings={"config.fleetToml": s3, "config.profile": "p", "networkPolicy.egress.s3.ports[0]": 9000},
+        settings={
+            "config.fleetToml": s3,
+            "config.profile": "p",
+            "networkPolicy.egress.s3.ports[0]": 9000,
+            **NO_BLOB_STORE,
+        },
     )
     for component in ("gateway", "worker", "doctor"):
         assert 9000 in egress_ports(find(manifests, "NetworkPolicy", component)), component
     assert 9000 not in egress_ports(find(manifests, "NetworkPolicy", "migrate"))
-    assert 9000 not in egress_ports(
-        find(render(MINIMAL, settings={"networkPolicy.egress.s3.ports[0]": 9000}), "NetworkPolicy", "gateway")
-    )
+    local = render(KEDA, settings={"networkPolicy.egress.s3.ports[0]": 9000})  # local blobs on a claim
+    assert 9000 not in egress_ports(find(local, "NetworkPolicy", "gateway"))
 
     keda = render(KEDA)  # extra: an LM on port 4000
     assert 4000 in egress_ports(find(keda, "NetworkPolicy", "worker"))

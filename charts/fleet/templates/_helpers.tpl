@@ -108,9 +108,12 @@ the config schema's (shared/src/fleet_shared/config_file.py) for keys a profile 
 {{- $needs = append $needs (dict "env" $daytona.api_url_env "key" "sandbox.daytona.api_url_env") }}
 {{- end }}
 {{- end }}
+{{- /* blobStore.url and dev.minio replace the profile's storage.blobs, and its env vars with it. */}}
+{{- if not (or .Values.blobStore.url .Values.dev.minio.enabled) }}
 {{- range $field := list "s3_endpoint_env" "s3_access_key_env" "s3_secret_key_env" }}
 {{- if index $blobs $field }}
 {{- $needs = append $needs (dict "env" (index $blobs $field) "key" (printf "storage.blobs.%s" $field)) }}
+{{- end }}
 {{- end }}
 {{- end }}
 name: {{ $name | quote }}
@@ -217,6 +220,7 @@ Every rule values.schema.json cannot express. Included by each workload template
 {{- if and $workersFixed (eq (int .Values.worker.replicas) 0) (eq .Values.gateway.readinessPath "/ready") }}
 {{- fail "worker.replicas=0 with gateway.readinessPath=/ready: /ready needs a worker heartbeat, so no gateway would ever be ready; use /health or replicas >= 1" }}
 {{- end }}
+{{- include "fleet.validateBlobStore" . }}
 {{- range $scaler := list
   (dict "name" "gateway.autoscaling" "on" .Values.gateway.autoscaling.enabled "min" .Values.gateway.autoscaling.minReplicas "max" .Values.gateway.autoscaling.maxReplicas)
   (dict "name" "worker.autoscaling" "on" .Values.worker.autoscaling.enabled "min" .Values.worker.autoscaling.minReplicas "max" .Values.worker.autoscaling.maxReplicas)
@@ -288,7 +292,8 @@ services' plain URLs (they have no password). */}}
 {{/*
 A container's env: (dict "root" $ "component" "gateway"|"worker"|"migrate"|"doctor"). Each
 component gets only the credentials it uses: the LM and Daytona keys go to workers (and the
-doctor), the API token to gateways, and the migration gets the database alone.
+doctor), the API token to gateways, the object store to all but the migration, which gets the
+database alone.
 */}}
 {{- define "fleet.env" -}}
 {{- $root := .root }}
@@ -299,6 +304,9 @@ doctor), the API token to gateways, and the migration gets the database alone.
 - name: FLEET_PROFILE
   value: {{ $s.name | quote }}
 {{- include "fleet.storageEnv" (dict "root" $root "redis" (ne .component "migrate")) }}
+{{- if ne .component "migrate" }}
+{{- include "fleet.blobEnv" $root }}
+{{- end }}
 {{- with $root.Values.lm.model }}
 - name: FLEET_LM_MODEL
   value: {{ . | quote }}
