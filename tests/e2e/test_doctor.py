@@ -22,6 +22,7 @@ from fleet_shared.db.migrate import alembic_config
 from tests.conftest import migrate
 from tests.e2e.conftest import REPO, fleet, work_dir
 from tests.support.fake_provider import FakeProvider, serve_fake_provider
+from tests.support.s3 import S3Server
 from tests.support.servers import free_port
 
 CONFIG = REPO / "config" / "fleet.toml"
@@ -107,6 +108,7 @@ def test_a_healthy_install_passes_every_check(redis_url: str, head_db: str) -> N
         "config",
         "database",
         "redis",
+        "store",
         "sandbox.bwrap",
         "sandbox.userns",
         "sandbox.cgroups",
@@ -115,6 +117,7 @@ def test_a_healthy_install_passes_every_check(redis_url: str, head_db: str) -> N
         "provider",
     ]
     assert checks["database"]["status"] == "ok" and "at head" in checks["database"]["detail"]
+    assert checks["store"]["status"] == "ok" and "put, read back and deleted" in checks["store"]["detail"]
     assert checks["redis"]["status"] == "ok" and "answered PING" in checks["redis"]["detail"]
     assert checks["sandbox.cell"]["status"] == "ok", checks["sandbox.cell"]
     assert "print(1+1) printed 2 in a bwrap" in checks["sandbox.cell"]["detail"]
@@ -353,3 +356,19 @@ def test_the_doctor_never_sweeps_a_live_workers_repl_groups(
     assert checks["sandbox.cell"]["status"] == "ok", checks["sandbox.cell"]
     assert "cgroup-v1 sandbox" in checks["sandbox.cell"]["detail"]
     assert "the cell below ran under them" in checks["sandbox.cgroups"]["detail"]
+
+
+def test_the_store_check_reaches_an_s3_store_and_says_what_to_fix(redis_url: str, head_db: str) -> None:
+    store = S3Server("fleet-doctor").start()
+    try:
+        code, document, printed, _ = run_doctor(doctor_env(redis_url, head_db, **store.env()))
+        check = by_name(document)["store"]
+        assert check["status"] == "ok" and check["detail"].startswith("s3://fleet-doctor/fleet: put"), printed
+        assert store.keys("fleet/doctor/") == []  # the probe object is gone again
+        missing = {**store.env(), "FLEET_BLOB_URL": "s3://no-such-bucket/fleet"}
+        code, document, printed, _ = run_doctor(doctor_env(redis_url, head_db, **missing))
+        check = by_name(document)["store"]
+        assert code == 1 and check["status"] == "fail" and "s3://no-such-bucket/fleet" in check["detail"]
+        assert "FLEET_BLOB_URL" in check["fix"] and "test" not in check["detail"].split("refused")[0]
+    finally:
+        store.stop()

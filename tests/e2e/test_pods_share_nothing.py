@@ -46,7 +46,7 @@ def spawn(folder: Path, env: dict[str, str], *argv: str) -> subprocess.Popen[byt
         fleet(*argv),
         env=env,
         cwd=folder,
-        stdout=open(folder / "fleet.log", "wb"),  # noqa: SIM115 - closed with the process
+        stdout=open(folder / "fleet.log", "wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import re
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +51,8 @@ CLOSE_SECONDS = 1.0
 SANDBOX_SECONDS = 45.0  # two REPL starts and a cell, each bounded by the worker's own timeouts
 PROVIDER_SECONDS = 5.0
 MARGIN_SECONDS = 2.0  # on top of each check's own timeouts, before its thread is given up on
-LATER_CHECKS = ("database", "redis", "sandbox", "provider")
+STORE_SECONDS = 10.0
+LATER_CHECKS = ("database", "redis", "store", "sandbox", "provider")
 
 
 def run_doctor(as_json: bool) -> int:
@@ -72,6 +76,7 @@ def collect_checks(environ: Mapping[str, str]) -> list[Check]:
     planned = [
         Planned("database", DATABASE_SECONDS, lambda: [asyncio.run(check_database(settings))]),
         Planned("redis", REDIS_SECONDS, lambda: [asyncio.run(check_redis(settings))]),
+        Planned("store", STORE_SECONDS, lambda: [check_store(settings)]),
     ]
     if worker_side:
         planned += [
@@ -208,6 +213,47 @@ async def check_redis(settings: Settings) -> Check:
             await asyncio.wait_for(client.aclose(), CLOSE_SECONDS)
     elapsed_ms = (time.monotonic() - started) * 1000
     return Check(name="redis", status="ok", detail=f"{shown} answered PING in {elapsed_ms:.0f} ms")
+
+
+# --- the object store
+
+
+def check_store(settings: Settings) -> Check:
+    """Put, read back and delete one small object, as every gateway and worker needs to."""
+    from fleet_shared.blobs import open_blob_store
+
+    probe = f"doctor/{uuid.uuid4().hex}"
+    fix = (
+        "check FLEET_BLOB_URL (or storage.blobs), that the bucket exists, and the AWS_* variables "
+        "(endpoint, credentials, AWS_ALLOW_HTTP for a plain-http endpoint)"
+    )
+    started = time.monotonic()
+    try:
+        store = open_blob_store(settings)
+        with tempfile.NamedTemporaryFile() as source:
+            source.write(b"fleet doctor")
+            source.flush()
+            store.put_file(probe, Path(source.name))
+        read = io.BytesIO()
+        store.download(probe, read)
+        asyncio.run(store.delete(probe))
+    except Exception as exc:
+        detail = f"{settings.blobs.backend} store {describe_store(settings)} refused: {error_line(exc)}"
+        return Check(name="store", status="fail", detail=detail, fix=fix)
+    if read.getvalue() != b"fleet doctor":
+        return Check(
+            name="store", status="fail", detail="an object read back differs from what was put", fix=fix
+        )
+    elapsed_ms = (time.monotonic() - started) * 1000
+    detail = f"{describe_store(settings)}: put, read back and deleted an object in {elapsed_ms:.0f} ms"
+    return Check(name="store", status="ok", detail=detail)
+
+
+def describe_store(settings: Settings) -> str:
+    blobs = settings.blobs
+    if blobs.backend == "s3":
+        return f"s3://{blobs.s3_bucket}/{blobs.s3_prefix}".rstrip("/")
+    return f"folder {settings.blobs_dir}"
 
 
 # --- sandbox

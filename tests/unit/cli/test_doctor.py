@@ -115,6 +115,7 @@ def test_a_broken_config_exits_1_and_skips_the_rest(
     assert [(check["name"], check["status"]) for check in rest] == [
         ("database", "skip"),
         ("redis", "skip"),
+        ("store", "skip"),
         ("sandbox", "skip"),
         ("provider", "skip"),
     ]
@@ -267,7 +268,7 @@ def test_a_gateway_only_install_skips_the_worker_checks(
         "FLEET_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'absent.db'}",
     }
     checks = {check.name: check for check in collect_checks(env)}
-    assert list(checks) == ["config", "database", "redis", "sandbox", "provider"]
+    assert list(checks) == ["config", "database", "redis", "store", "sandbox", "provider"]
     assert checks["config"].status == "ok"
     for name in ("sandbox", "provider"):
         assert checks[name].status == "skip" and "worker side is not installed" in checks[name].detail
