@@ -1,8 +1,9 @@
-"""Fixtures of the integration tests: a worker harness per test (see harness.py)."""
+"""Fixtures of the integration tests: a worker harness per test (see harness.py), and a fake
+Daytona on loopback per module that asks for one."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import redis.asyncio as aioredis
 
 from fleet_shared.db.engine import create_engine, session_factory
 from tests.integration.harness import Harness, make_settings, script
+from tests.support.fake_daytona import FakeDaytona
 
 
 @pytest.fixture
@@ -40,3 +42,10 @@ async def harness_factory(database_url: str, redis_url: str, work_dir: Path) -> 
     for engine in engines:
         await engine.dispose()
     await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def fake_daytona() -> Iterator[FakeDaytona]:
+    server = FakeDaytona().start()
+    yield server
+    server.stop()

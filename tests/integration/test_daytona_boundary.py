@@ -1,16 +1,17 @@
-"""The `daytona` provider at the SDK's HTTP boundary. Daytona is unreachable here, so a fake
+"""The `daytona` provider at the SDK's HTTP boundary. Daytona is unreachable here, so a fake_daytona
 Daytona API runs on loopback (tests/support/fake_daytona.py): the real `daytona` SDK, our relay
 and the bridge and REPL driver (as local processes) do the rest. Covered: create with labels and
-a volume subpath, the frame round trip with an `llm_query`, state across cells, interrupt, a cell
+no Volume, the frame round trip with an `llm_query`, state across cells, interrupt, a cell
 timeout, reuse for the session's next Run, release, files in and out, the sweep, SDK errors as
-Run failures, and startup refusals."""
+Run failures, startup refusals, and whole Turns that keep the workspace as versions (the sync
+itself: test_daytona_workspace_sync.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +29,12 @@ REPO = Path(__file__).resolve().parents[2]
 API_KEY = "dtn-test-key-must-not-leak"
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeDaytona]:
-    server = FakeDaytona().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def provider(fake: FakeDaytona) -> DaytonaSandboxProvider:
+def provider(fake_daytona: FakeDaytona) -> DaytonaSandboxProvider:
     section = DaytonaSection(
         cell_timeout_seconds=8, startup_timeout_seconds=30, deployment=f"t{time.time_ns()}"
     )
-    return DaytonaSandboxProvider(section, DaytonaAccess(API_KEY, f"{fake.url}/api", None), Caps())
+    return DaytonaSandboxProvider(section, DaytonaAccess(API_KEY, f"{fake_daytona.url}/api", None), Caps())
 
 
 def echo_upper(prompt: str) -> str:
@@ -48,19 +42,19 @@ def echo_upper(prompt: str) -> str:
 
 
 def test_a_lease_creates_the_session_sandbox_and_runs_cells_over_the_frame_protocol(
-    fake: FakeDaytona, provider: DaytonaSandboxProvider
+    fake_daytona: FakeDaytona, provider: DaytonaSandboxProvider
 ) -> None:
     lease = provider.acquire("ws-a", "run-a1", "session-a")
     try:
-        sandbox = fake.sandboxes[lease.sandbox.id]
+        sandbox = fake_daytona.sandboxes[lease.sandbox.id]
         body = sandbox.body
         assert {k: v for k, v in body["labels"].items() if k.startswith("fleet.")} == {
             "fleet.deployment": provider.cfg.deployment,
             "fleet.session": "session-a",
             "fleet.run": "run-a1",
+            "fleet.workspace": "synced",
         }
-        volume = fake.volumes[provider.cfg.volume]["id"]
-        assert body["volumes"] == [{"volumeId": volume, "mountPath": "/workspace", "subpath": "ws-a"}]
+        assert not body.get("volumes")  # the workspace is synced with the store, on the sandbox's disk
         assert body["networkBlockAll"] is True and body["snapshot"] == provider.cfg.snapshot
         assert sorted(p.name for p in (sandbox.root / "workspace").iterdir()) == [
             "artifacts",
@@ -79,18 +73,18 @@ def test_a_lease_creates_the_session_sandbox_and_runs_cells_over_the_frame_proto
         assert final.final == {"answer": "hi there"}
     finally:
         lease.release()
-    assert all(not s.sessions for s in fake.sandboxes.values())  # the remote commands are gone
+    assert all(not s.sessions for s in fake_daytona.sandboxes.values())  # the remote commands are gone
     assert API_KEY not in repr(provider.access)
 
 
-def running(fake: FakeDaytona, sandbox_id: str) -> int:
-    """Session commands still running in a fake sandbox."""
-    sessions = fake.sandboxes[sandbox_id].sessions.values()
+def running(fake_daytona: FakeDaytona, sandbox_id: str) -> int:
+    """Session commands still running in a fake_daytona sandbox."""
+    sessions = fake_daytona.sandboxes[sandbox_id].sessions.values()
     return sum(1 for commands in sessions for c in commands.values() if c.process.returncode is None)
 
 
 def test_interrupt_and_timeout_kill_the_cell_and_a_fresh_repl_follows(
-    fake: FakeDaytona, provider: DaytonaSandboxProvider
+    fake_daytona: FakeDaytona, provider: DaytonaSandboxProvider
 ) -> None:
     """The relay of a killed cell cannot end its remote command, so the lease does at once:
     nothing keeps spinning in the sandbox, and the next REPL opens a session of its own."""
@@ -104,21 +98,21 @@ def test_interrupt_and_timeout_kill_the_cell_and_a_fresh_repl_follows(
         with pytest.raises(CellInterrupted):
             repl.execute("while True:\n    pass", {}, {}, None)
         timer.join()
-        assert running(fake, sandbox_id) == 0
+        assert running(fake_daytona, sandbox_id) == 0
         lost = repl.execute("print('state' in globals())", {}, {}, None)
         assert lost.stdout == "False\n"
         with pytest.raises(CellTimeout):
             repl.execute("import time\ntime.sleep(60)", {}, {}, None)
         assert repl.execute("print('alive')", {}, {}, None).stdout == "alive\n"
-        assert running(fake, sandbox_id) == 1  # only the live REPL's command
-        assert len(fake.sandboxes[sandbox_id].sessions) == 1
+        assert running(fake_daytona, sandbox_id) == 1  # only the live REPL's command
+        assert len(fake_daytona.sandboxes[sandbox_id].sessions) == 1
     finally:
         lease.release()
-    assert running(fake, sandbox_id) == 0
+    assert running(fake_daytona, sandbox_id) == 0
 
 
 def test_the_next_run_of_a_session_reuses_its_sandbox_with_a_fresh_repl(
-    fake: FakeDaytona, provider: DaytonaSandboxProvider
+    fake_daytona: FakeDaytona, provider: DaytonaSandboxProvider
 ) -> None:
     first = provider.acquire("ws-c", "run-c1", "session-c")
     first.interpreter_factory().execute(
@@ -128,7 +122,7 @@ def test_the_next_run_of_a_session_reuses_its_sandbox_with_a_fresh_repl(
     second = provider.acquire("ws-c", "run-c2", "session-c")
     try:
         assert second.sandbox.id == first.sandbox.id
-        assert fake.sandboxes[second.sandbox.id].labels["fleet.run"] == "run-c2"
+        assert fake_daytona.sandboxes[second.sandbox.id].labels["fleet.run"] == "run-c2"
         result = second.interpreter_factory().execute(
             "print('kept' in globals(), open('memory/note.txt').read())", {}, {}, None
         )
@@ -140,13 +134,13 @@ def test_the_next_run_of_a_session_reuses_its_sandbox_with_a_fresh_repl(
     assert other.sandbox.id != first.sandbox.id
 
 
-def test_a_child_rlm_gets_a_throwaway_sandbox_without_the_volume_deleted_at_release(
-    fake: FakeDaytona, provider: DaytonaSandboxProvider
+def test_a_child_rlm_gets_a_throwaway_sandbox_deleted_at_release(
+    fake_daytona: FakeDaytona, provider: DaytonaSandboxProvider
 ) -> None:
     lease = provider.acquire_scratch("run-parent")
     sandbox_id = lease.inner.sandbox.id  # type: ignore[attr-defined]
     try:
-        body = fake.sandboxes[sandbox_id].body
+        body = fake_daytona.sandboxes[sandbox_id].body
         assert {k: v for k, v in body["labels"].items() if k.startswith("fleet.")} == {
             "fleet.deployment": provider.cfg.deployment,
             "fleet.run": "run-parent",
@@ -159,12 +153,12 @@ def test_a_child_rlm_gets_a_throwaway_sandbox_without_the_volume_deleted_at_rele
         assert result.stdout == "['artifacts', 'attachments', 'memory', 'skills']\n"
     finally:
         lease.release()
-    assert sandbox_id not in fake.sandboxes
+    assert sandbox_id not in fake_daytona.sandboxes
     lease.release()  # idempotent
 
 
 def test_files_go_in_and_come_out_without_following_links(
-    fake: FakeDaytona, provider: DaytonaSandboxProvider, tmp_path: Path
+    fake_daytona: FakeDaytona, provider: DaytonaSandboxProvider, tmp_path: Path
 ) -> None:
     lease = provider.acquire("ws-e", "run-e1", "session-e")
     try:
@@ -186,12 +180,14 @@ def test_files_go_in_and_come_out_without_following_links(
         assert before == {} and sorted(after) == ["out/count.txt"]
         sink = io.BytesIO()
         assert lease.files.export("artifacts/out/count.txt", sink, 100) == 1 and sink.getvalue() == b"2"
+        (fake_daytona.sandboxes[lease.sandbox.id].root / "workspace" / "artifacts" / "empty.txt").touch()
+        assert lease.files.export("artifacts/empty.txt", io.BytesIO(), 100) == 0
         with pytest.raises(ValueError):
             lease.files.export("artifacts/out/count.txt", io.BytesIO(), 0)
         with pytest.raises(FileNotFoundError):
             lease.files.export("artifacts/link", io.BytesIO(), 100)
         # Swapped for a huge file between the look and the copy: the copy stops at the cap.
-        fake.swapped_on_download["/workspace/artifacts/out/count.txt"] = b"x" * 3_000_000
+        fake_daytona.swapped_on_download["/workspace/artifacts/out/count.txt"] = b"x" * 3_000_000
         capped = io.BytesIO()
         with pytest.raises(ValueError):
             lease.files.export("artifacts/out/count.txt", capped, 1000)
@@ -201,7 +197,7 @@ def test_files_go_in_and_come_out_without_following_links(
 
 
 def test_the_sweep_deletes_only_sandboxes_whose_run_is_idle(
-    fake: FakeDaytona, provider: DaytonaSandboxProvider
+    fake_daytona: FakeDaytona, provider: DaytonaSandboxProvider
 ) -> None:
     busy = provider.acquire("ws-f", "run-busy", "session-f")
     idle = provider.acquire("ws-g", "run-idle", "session-g")
@@ -215,7 +211,7 @@ def test_the_sweep_deletes_only_sandboxes_whose_run_is_idle(
 
     assert provider.sweep(is_idle) == 1
     assert sorted(a for a in asked if a) == ["run-busy", "run-idle"]
-    assert busy.sandbox.id in fake.sandboxes and idle.sandbox.id not in fake.sandboxes
+    assert busy.sandbox.id in fake_daytona.sandboxes and idle.sandbox.id not in fake_daytona.sandboxes
 
 
 @pytest.mark.parametrize(
@@ -229,13 +225,13 @@ def test_the_sweep_deletes_only_sandboxes_whose_run_is_idle(
     ],
 )
 def test_sdk_errors_become_clear_run_failures(
-    fake: FakeDaytona, provider: DaytonaSandboxProvider, status: int, message: str, code: str
+    fake_daytona: FakeDaytona, provider: DaytonaSandboxProvider, status: int, message: str, code: str
 ) -> None:
-    fake.fail_next["POST /api/sandbox"] = (status, message)
+    fake_daytona.fail_next["POST /api/sandbox"] = (status, message)
     with pytest.raises(SandboxFailed) as raised:
         provider.acquire("ws-h", f"run-{status}", f"session-h-{status}")
     assert raised.value.code == code
-    assert API_KEY not in raised.value.message and fake.url not in raised.value.message
+    assert API_KEY not in raised.value.message and fake_daytona.url not in raised.value.message
 
 
 def settings_for(profile: str) -> Any:
@@ -270,7 +266,7 @@ def test_an_unconfigured_provider_is_refused_at_startup_with_one_line() -> None:
     assert provider.mode.startswith("daytona")
 
 
-def cli_env(fake: FakeDaytona, tmp_path: Path) -> dict[str, str]:
+def cli_env(fake_daytona: FakeDaytona, tmp_path: Path) -> dict[str, str]:
     import os
 
     return {
@@ -283,7 +279,7 @@ def cli_env(fake: FakeDaytona, tmp_path: Path) -> dict[str, str]:
         "FLEET_LM_API_KEY": "k",
         "FLEET_LM_BASE_URL": "http://127.0.0.1:1/v1",
         "FLEET_DAYTONA_API_KEY": API_KEY,
-        "FLEET_DAYTONA_API_URL": f"{fake.url}/api",
+        "FLEET_DAYTONA_API_URL": f"{fake_daytona.url}/api",
     }
 
 
@@ -301,26 +297,28 @@ def fleet_cli(env: dict[str, str], *args: str) -> Any:
     )
 
 
-def test_fleet_doctor_daytona_runs_a_cell_in_a_disposable_sandbox(fake: FakeDaytona, tmp_path: Path) -> None:
-    before = set(fake.sandboxes)
-    done = fleet_cli(cli_env(fake, tmp_path), "doctor", "daytona")
+def test_fleet_doctor_daytona_runs_a_cell_in_a_disposable_sandbox(
+    fake_daytona: FakeDaytona, tmp_path: Path
+) -> None:
+    before = set(fake_daytona.sandboxes)
+    done = fleet_cli(cli_env(fake_daytona, tmp_path), "doctor", "daytona")
     assert done.returncode == 0, done.stderr
     assert "daytona: ok" in done.stdout and "42 (3, 11)" in done.stdout
-    assert set(fake.sandboxes) == before  # deleted in `finally`
+    assert set(fake_daytona.sandboxes) == before  # deleted in `finally`
     assert API_KEY not in done.stdout + done.stderr
 
 
-def test_fleet_daytona_snapshot_pins_the_repl_python(fake: FakeDaytona, tmp_path: Path) -> None:
-    done = fleet_cli(cli_env(fake, tmp_path), "daytona", "snapshot")
+def test_fleet_daytona_snapshot_pins_the_repl_python(fake_daytona: FakeDaytona, tmp_path: Path) -> None:
+    done = fleet_cli(cli_env(fake_daytona, tmp_path), "daytona", "snapshot")
     assert done.returncode == 0, done.stderr
-    body = fake.snapshots["fleet-repl"]
+    body = fake_daytona.snapshots["fleet-repl"]
     assert "python:3.11" in body["buildInfo"]["dockerfileContent"]
 
 
 def test_fleet_worker_refuses_an_unconfigured_daytona_profile_with_one_line(
-    fake: FakeDaytona, tmp_path: Path
+    fake_daytona: FakeDaytona, tmp_path: Path
 ) -> None:
-    env = cli_env(fake, tmp_path)
+    env = cli_env(fake_daytona, tmp_path)
     del env["FLEET_DAYTONA_API_KEY"]
     done = fleet_cli(env, "worker")
     assert done.returncode == 2
@@ -328,24 +326,28 @@ def test_fleet_worker_refuses_an_unconfigured_daytona_profile_with_one_line(
     assert len(lines) == 1 and "FLEET_DAYTONA_API_KEY" in lines[0]
 
 
-async def test_a_whole_turn_runs_in_daytona(
-    fake: FakeDaytona, harness_factory: Any, monkeypatch: pytest.MonkeyPatch
+async def test_whole_turns_run_in_daytona_and_keep_the_workspace_as_versions(
+    fake_daytona: FakeDaytona, harness_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real arq worker with `sandbox.provider = "daytona"`: the Turn's cells, its llm_query and
-    its artifact all go through the SDK to the fake, and the Turn commits."""
-    from fleet_shared.db import queries
+    its artifact all go through the SDK to the fake_daytona, and the Turn commits its workspace as a
+    version. The session's next Turn, on a new worker (no record of the sandbox), finds its
+    note without a file being sent again, and leaves the same version."""
+    from fleet_shared.db import queries, workspace_versions
     from fleet_shared.events import ArtifactCreated
 
     code = (
+        "if request == 'read':\n    SUBMIT(answer=open('memory/note.txt').read())\n"
         "reply = llm_query(prompt='say hi')\nimport os\nos.makedirs('artifacts', exist_ok=True)\n"
-        "open('artifacts/reply.txt', 'w').write(reply)\nSUBMIT(answer=reply)"
+        "open('artifacts/reply.txt', 'w').write(reply)\nopen('memory/note.txt', 'w').write('kept')\n"
+        "SUBMIT(answer=reply)"
     )
     harness = harness_factory(
         {"lm": "root", "reasoning": "ask, keep, answer", "code": code},
         {"lm": "sub", "text": "hello from the sub-LM"},
     )
     monkeypatch.setenv("FLEET_DAYTONA_API_KEY", API_KEY)
-    monkeypatch.setenv("FLEET_DAYTONA_API_URL", f"{fake.url}/api")
+    monkeypatch.setenv("FLEET_DAYTONA_API_URL", f"{fake_daytona.url}/api")
     section = DaytonaSection(
         api_url_env="FLEET_DAYTONA_API_URL",
         cell_timeout_seconds=20,
@@ -359,8 +361,30 @@ async def test_a_whole_turn_runs_in_daytona(
     await harness.work()
     async with harness.sessions() as db:
         run = await queries.get_run(db, run_id)
-    assert run is not None and run.status == "completed", run.failure_message if run else None
+        assert run is not None and run.status == "completed", run.failure_message if run else None
+        session = await queries.get_session(db, run.session_id)
+        assert session is not None
+        first = await workspace_versions.version_row(db, session.workspace_id)
+        assert first is not None and (first.version, first.run_id) == (1, run_id)
+        manifest = await workspace_versions.manifest_entries(db, first.manifest_sha256)
     [artifact] = [e for e in await harness.events(run_id) if isinstance(e, ArtifactCreated)]
     assert artifact.name == "reply.txt" and artifact.byte_size == len("hello from the sub-LM")
-    labelled = [s for s in fake.sandboxes.values() if s.labels.get("fleet.run") == run_id]
+    labelled = [s for s in fake_daytona.sandboxes.values() if s.labels.get("fleet.run") == run_id]
     assert len(labelled) == 1 and labelled[0].labels["fleet.session"] == run.session_id
+    assert manifest is not None
+    assert {e.path: e.sha256 for e in manifest.entries} == {
+        "artifacts/reply.txt": artifact.checksum_sha256,
+        "memory/note.txt": hashlib.sha256(b"kept").hexdigest(),
+    }
+    assert first.added_bytes == len("kept")  # the artifact is counted as an artifact
+
+    uploads = len(fake_daytona.uploaded)
+    read = await harness.submit("read", session_id=run.session_id, key="k2")
+    await harness.work()
+    async with harness.sessions() as db:
+        second = await workspace_versions.version_row(db, session.workspace_id)
+        turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
+    assert second is not None and (second.version, second.run_id) == (2, read)
+    assert second.manifest_sha256 == first.manifest_sha256 and second.added_bytes == 0
+    assert "kept" in [p.get("text") for t in turns for p in t.parts if p["type"] == "text"]
+    assert [p for p in fake_daytona.uploaded[uploads:] if p.startswith("/workspace/")] == []

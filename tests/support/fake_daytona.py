@@ -5,6 +5,7 @@ boundary: the real SDK (and our relay and bridge) talk to this server, not to mo
 A "sandbox" here is a folder; a session command is a real local process (the bridge and the REPL
 driver, unjailed), so the frame round trip is real. Absolute sandbox paths (`/workspace/...`,
 `/tmp/fleet-repl/...`) map into the sandbox's folder. Every request is recorded for assertions.
+The toolbox's file API is in fake_daytona_files.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiohttp import MultipartWriter, web
+from aiohttp import web
+
+from tests.support.fake_daytona_files import FakeFiles
 
 STDOUT_PREFIX, STDERR_PREFIX = b"\x01\x01\x01", b"\x02\x02\x02"
 MAPPED = ("/workspace", "/tmp/fleet-repl")
@@ -63,13 +66,12 @@ class FakeSandbox:
         raise web.HTTPForbidden(text=f"the fake maps only {MAPPED}, not {path}")
 
 
-class FakeDaytona:
+class FakeDaytona(FakeFiles):
     def __init__(self) -> None:
         self.sandboxes: dict[str, FakeSandbox] = {}
-        self.volumes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self.snapshots: dict[str, dict[str, Any]] = {}
-        self.swapped_on_download: dict[str, bytes] = {}  # a file a sandbox swaps after its stat
+        FakeFiles.__init__(self)
         self.fail_next: dict[str, tuple[int, str]] = {}  # "POST /sandbox" → (status, message)
         self.folder = Path(tempfile.mkdtemp(prefix="fake-daytona-"))
         self.loop = asyncio.new_event_loop()
@@ -92,12 +94,10 @@ class FakeDaytona:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     async def _serve(self) -> None:
-        app = web.Application(middlewares=[self._record])
+        app = web.Application(middlewares=[self._record], client_max_size=2**30)
         api, box = "/api", "/toolbox/{sandbox}"
         app.add_routes(
             [
-                web.get(f"{api}/volumes/by-name/{{name}}", self.volume_by_name),
-                web.post(f"{api}/volumes", self.create_volume),
                 web.post(f"{api}/sandbox", self.create_sandbox),
                 web.get(f"{api}/sandbox", self.list_sandboxes),
                 web.get(f"{api}/sandbox/{{id}}", self.get_sandbox),
@@ -116,6 +116,8 @@ class FakeDaytona:
                 web.post(f"{box}/files/bulk-download", self.download),
                 web.get(f"{box}/files/info", self.file_info),
                 web.get(f"{box}/files", self.list_files),
+                web.delete(f"{box}/files", self.delete_file),
+                web.post(f"{box}/files/permissions", self.set_permissions),
             ]
         )
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
@@ -166,34 +168,11 @@ class FakeDaytona:
             "toolboxProxyUrl": f"{self.url}/toolbox",
         }
 
-    def volume_json(self, volume: dict[str, Any]) -> dict[str, Any]:
-        stamp = now()
-        return {
-            **volume,
-            "organizationId": "org",
-            "state": "ready",
-            "createdAt": stamp,
-            "updatedAt": stamp,
-            "lastUsedAt": None,
-            "errorReason": None,
-        }
-
-    async def volume_by_name(self, request: web.Request) -> web.Response:
-        volume = self.volumes.get(request.match_info["name"])
-        if volume is None:
-            return web.json_response({"message": "volume not found", "statusCode": 404}, status=404)
-        return web.json_response(self.volume_json(volume))
-
-    async def create_volume(self, request: web.Request) -> web.Response:
-        name = (await request.json())["name"]
-        self.volumes[name] = {"id": f"vol-{next(self.ids)}", "name": name}
-        return web.json_response(self.volume_json(self.volumes[name]))
-
     async def create_sandbox(self, request: web.Request) -> web.Response:
         body = await request.json()
         sandbox_id = f"sb-{next(self.ids)}"
         root = self.folder / sandbox_id
-        (root / "workspace").mkdir(parents=True)
+        root.mkdir()  # as on Daytona without a Volume: no /workspace until something makes it
         sandbox = FakeSandbox(sandbox_id, dict(body.get("labels") or {}), root, body=body)
         self.sandboxes[sandbox_id] = sandbox
         return web.json_response(self.sandbox_json(sandbox))
@@ -343,69 +322,3 @@ class FakeDaytona:
         command.exit_code = await command.process.wait()
         await socket.close(code=1000)
         return socket
-
-    # --- toolbox: files ----------------------------------------------------------------------
-
-    async def upload(self, request: web.Request) -> web.Response:
-        sandbox = self.find(request, "sandbox")
-        reader = await request.multipart()
-        paths: dict[str, str] = {}
-        contents: dict[str, bytes] = {}
-        async for part in reader:
-            name = part.name or ""
-            index = name.split("[", 1)[1].split("]", 1)[0] if "[" in name else "0"
-            if name.endswith(".path"):
-                paths[index] = (await part.read()).decode()  # type: ignore[union-attr]
-            else:
-                contents[index] = bytes(await part.read())  # type: ignore[union-attr]
-        for index, path in paths.items():
-            target = sandbox.local(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(contents[index])
-        return web.json_response({})
-
-    async def create_folder(self, request: web.Request) -> web.Response:
-        self.find(request, "sandbox").local(request.query["path"]).mkdir(parents=True, exist_ok=True)
-        return web.json_response({}, status=201)
-
-    def info(self, path: Path) -> dict[str, Any]:
-        stat = path.lstat()
-        link = path.is_symlink()
-        return {
-            "name": path.name,
-            "isDir": path.is_dir() and not link,
-            "size": stat.st_size,
-            "modTime": str(stat.st_mtime),
-            "modifiedAt": datetime.fromtimestamp(stat.st_mtime, UTC).isoformat(),
-            "mode": ("L" if link else "d" if path.is_dir() else "-") + "rw-r--r--",
-            "permissions": "0644",
-            "owner": "daytona",
-            "group": "daytona",
-        }
-
-    async def file_info(self, request: web.Request) -> web.Response:
-        path = self.find(request, "sandbox").local(request.query["path"])
-        if not path.exists() and not path.is_symlink():
-            return web.json_response({"message": "file not found", "statusCode": 404}, status=404)
-        return web.json_response(self.info(path))
-
-    async def list_files(self, request: web.Request) -> web.Response:
-        path = self.find(request, "sandbox").local(request.query["path"])
-        if not path.is_dir():
-            return web.json_response({"message": "not a directory", "statusCode": 404}, status=404)
-        return web.json_response([self.info(child) for child in sorted(path.iterdir())])
-
-    async def download(self, request: web.Request) -> web.StreamResponse:
-        sandbox = self.find(request, "sandbox")
-        writer = MultipartWriter("form-data")
-        for remote in (await request.json())["paths"]:
-            data = self.swapped_on_download.pop(remote, None)
-            part = writer.append(sandbox.local(remote).read_bytes() if data is None else data)
-            part.set_content_disposition("form-data", quote_fields=False, name="file", filename=remote)
-        response = web.StreamResponse(
-            headers={"Content-Type": f"multipart/form-data; boundary={writer.boundary}"}
-        )
-        await response.prepare(request)
-        await writer.write(response)
-        await response.write_eof()
-        return response

@@ -126,11 +126,14 @@ class DaytonaSection(Section):
     api_key_env: DaytonaEnvName = "FLEET_DAYTONA_API_KEY"
     api_url_env: DaytonaEnvName | None = None
     target: str | None = None
-    # Which image runs cells, which volume holds workspaces and which sandboxes the sweep may
-    # delete: each could reach another deployment's, so only the file on disk chooses them.
+    # Which image runs cells and which sandboxes the sweep may delete: each could reach another
+    # deployment's, so only the file on disk chooses them.
     snapshot: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet-repl"  # `fleet daytona snapshot`
-    volume: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet-workspaces"  # a subpath per session
+    # Ignored: workspaces live in the blob store, synced into each sandbox's own disk. Kept so
+    # that a file written for an older fleet still loads (the worker logs that it is unused).
+    volume: Annotated[str | None, msgspec.Meta(extra=FILE_ONLY)] = None
     deployment: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet"  # the `fleet.deployment` label
+    workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000  # entries a capture walks
     cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
     startup_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
     create_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120

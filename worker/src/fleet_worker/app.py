@@ -59,7 +59,7 @@ def sandbox_provider(settings: Settings, blobs: BlobStore | None = None) -> Sand
     if settings.profile.sandbox.provider == "daytona":
         from fleet_worker.sandbox.daytona import daytona_provider  # the SDK only when it is used
 
-        return daytona_provider(settings)
+        return daytona_provider(settings, objects=workspace_objects(settings, blobs))
     # Where sandboxed code writes on this host: the interpreter must never come from there.
     roots = (settings.data_dir, settings.workspaces_dir, relocated_root(settings.workspaces_dir))
     local = local_sandbox_config(settings.profile.sandbox.local)

@@ -24,13 +24,17 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from fleet_shared.blobs import BlobStore
 from fleet_shared.manifests import object_key
 
 COPY_CHUNK = 1 << 20
 SHA256_HEX = 64
+
+
+class Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 class ContentMismatch(Exception):
@@ -105,7 +109,7 @@ class WorkspaceObjects:
                 self._admit(sha256, temp, writer.size)
                 yield reader
 
-    def store(self, source: IO[bytes]) -> tuple[str, int]:
+    def store(self, source: Readable) -> tuple[str, int]:
         """Copy `source` (a workspace file, open) into the store by its sha256: (sha256, size).
         It is read once, into a private copy: what is stored is exactly what was hashed."""
         with self._incoming() as (handle, temp):

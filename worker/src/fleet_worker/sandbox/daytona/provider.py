@@ -1,5 +1,6 @@
 """The `daytona` provider: one Daytona sandbox per session, reused by its sequential Turns, with a
-fresh REPL for each Turn; the session's workspace is a subpath of one Volume per deployment.
+fresh REPL for each Turn. The session's workspace lives in the blob store as versions; the
+sandbox's own disk holds the latest, synced at each lease's start and end (`sync.py`).
 
 A REPL is reached over a Daytona session command: `repl_bridge.py` runs `repl_main.py` inside
 the sandbox and carries its frames as base64 lines on the command's stdin and stdout. On this
@@ -9,7 +10,9 @@ local provider uses. No inbound port, no preview URL, no polling: input goes by 
 output comes back on its log stream.
 
 Labels `fleet.deployment`, `fleet.session` and `fleet.run` mark every sandbox; `sweep` deletes
-those whose last Run is over and idle (the worker runs it, and `fleet daytona sweep`).
+those whose last Run is over and idle (the worker runs it, and `fleet daytona sweep`). A session
+sandbox also carries `fleet.workspace = synced`: one made by an older fleet, with the workspace
+on a Daytona Volume, is never reused (the sweep deletes it).
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from daytona import (
     DaytonaConfig,
     DaytonaError,
     ListSandboxesQuery,
-    VolumeMount,
 )
 
 from fleet_shared.config import DaytonaSection, Settings
@@ -39,11 +41,13 @@ from fleet_shared.manifests import Manifest
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.daytona.errors import run_failure
 from fleet_worker.sandbox.daytona.files import DaytonaWorkspaceFiles
+from fleet_worker.sandbox.daytona.sync import DaytonaVersions, Record
 from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.jail import DRIVER_SOURCE, OUTPUT_FD_PLACEHOLDER, LaunchSpec
 from fleet_worker.sandbox.provider import Captured, Room, ScratchLease, no_quota
 from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.sandbox.workspace import WORKSPACE_DIRS
+from fleet_worker.workspace_objects import WorkspaceObjects
 
 log = structlog.get_logger(__name__)
 WORKSPACE_MOUNT = "/workspace"
@@ -51,6 +55,7 @@ DRIVER_DIR = "/tmp/fleet-repl"
 BRIDGE_SOURCE = Path(__file__).resolve().parents[1] / "repl_bridge.py"
 LABEL_DEPLOYMENT, LABEL_SESSION, LABEL_RUN = "fleet.deployment", "fleet.session", "fleet.run"
 LABEL_CHILD = "fleet.child"  # a child RLM's throwaway sandbox
+LABEL_WORKSPACE, SYNCED = "fleet.workspace", "synced"  # its workspace is synced with the store
 
 
 @dataclass(frozen=True)
@@ -98,28 +103,37 @@ def access_from(section: DaytonaSection, env: Mapping[str, str]) -> DaytonaAcces
     return DaytonaAccess(api_key=key, api_url=url, target=section.target)
 
 
-def daytona_provider(settings: Settings, environ: Mapping[str, str] | None = None) -> DaytonaSandboxProvider:
+def daytona_provider(
+    settings: Settings, environ: Mapping[str, str] | None = None, objects: WorkspaceObjects | None = None
+) -> DaytonaSandboxProvider:
     """The provider for `sandbox.provider = "daytona"`; SandboxUnavailable (one line) when the
-    profile does not configure it."""
+    profile does not configure it. `objects` (the store's workspace files) lets its leases keep
+    workspace versions: a worker passes it, the operator commands need none."""
     section = settings.profile.sandbox.daytona
     if section is None:
         raise SandboxUnavailable(
             "sandbox.provider is 'daytona' but the profile has no [sandbox.daytona] table",
             fix="add one (see docs/daytona.md) or set sandbox.provider = 'local'",
         )
+    if section.volume is not None:
+        log.warning("daytona.volume_ignored", volume=section.volume, see="docs/daytona.md")
     return DaytonaSandboxProvider(
         section,
         access_from(section, os.environ if environ is None else environ),
         Caps.from_rlm(settings.profile.rlm),
+        versions=DaytonaVersions(objects, section.workspace_files) if objects is not None else None,
     )
 
 
 class DaytonaLease:
     """One Run's hold on its session's sandbox: fresh REPLs over session commands."""
 
-    def __init__(self, provider: DaytonaSandboxProvider, sandbox: Any, run_id: str) -> None:
+    def __init__(
+        self, provider: DaytonaSandboxProvider, sandbox: Any, run_id: str, known: Record | None = None
+    ) -> None:
         self.provider = provider
         self.sandbox = sandbox
+        self.known = known  # what the worker knows of the workspace's files; None: not synced
         self._run_id = run_id
         self._files = DaytonaWorkspaceFiles(sandbox, WORKSPACE_MOUNT)
         self._sessions: list[ReplSession] = []
@@ -211,13 +225,28 @@ class DaytonaLease:
             leftover = sorted(self._remote)
         for name in leftover:  # sessions whose REPL never reported its end
             self.end_remote(LaunchSpec(argv=(), env={"FLEET_RELAY_SESSION": name}, cwd="/"))
+        versions = self.provider.versions
+        if versions is not None and self.known is not None:  # the sandbox's next Run here starts from it
+            versions.remember(self.sandbox, self.known)
 
     def capture(self, room: Room = no_quota, counted: frozenset[str] = frozenset()) -> Captured:
-        raise SandboxError("workspace versions are not kept for Daytona sandboxes yet")
+        """The workspace's files now, each one the Run changed downloaded into the store."""
+        versions = self.provider.versions
+        if versions is None or self.known is None:
+            raise SandboxError("this lease's workspace was not synced with the store")
+        try:
+            captured = versions.capture(self._files, self.known, room, counted)
+        except DaytonaError as exc:
+            snapshot = self.provider.cfg.snapshot
+            raise run_failure(exc, snapshot=snapshot, doing="saving the workspace") from None
+        self.known = captured.known
+        return captured
 
     def retire(self) -> None:
         """As release, then delete the sandbox: the session's next Turn gets a new one."""
         self.release()
+        if self.provider.versions is not None:
+            self.provider.versions.forget(self.sandbox)
         try:
             self.sandbox.delete()
         except Exception as exc:
@@ -225,17 +254,24 @@ class DaytonaLease:
 
 
 class DaytonaSandboxProvider:
-    def __init__(self, cfg: DaytonaSection, access: DaytonaAccess, caps: Caps) -> None:
+    def __init__(
+        self,
+        cfg: DaytonaSection,
+        access: DaytonaAccess,
+        caps: Caps,
+        *,
+        versions: DaytonaVersions | None = None,
+    ) -> None:
         self.cfg = cfg
         self.access = access
         self.caps = caps
+        self.versions = versions
         self._client: Daytona | None = None
-        self._volume_id: str | None = None
         self._lock = threading.Lock()
 
     @property
     def mode(self) -> str:
-        return f"daytona (snapshot {self.cfg.snapshot}, volume {self.cfg.volume})"
+        return f"daytona (snapshot {self.cfg.snapshot})"
 
     def check(self) -> None:
         """The configuration was checked when this provider was built; `fleet doctor daytona`
@@ -250,18 +286,26 @@ class DaytonaSandboxProvider:
     def acquire(
         self, workspace_id: str, run_id: str, session_id: str = "", manifest: Manifest | None = None
     ) -> DaytonaLease:
+        """The session's sandbox, its workspace made to hold exactly `manifest` (with none, as
+        it is), leased to the Run."""
         session_id = session_id or workspace_id
+        if manifest is not None and self.versions is None:
+            raise SandboxError("this worker keeps no workspace versions (no store)")
         doing = "preparing the session's sandbox"
         try:
-            sandbox = self.sandbox_for(workspace_id, session_id, run_id)
+            sandbox = self.sandbox_for(session_id, run_id)
+            known = None
+            if manifest is not None and self.versions is not None:
+                doing = "copying the workspace into the sandbox"
+                known = self.versions.materialise(DaytonaWorkspaceFiles(sandbox, WORKSPACE_MOUNT), manifest)
             doing = "copying the REPL into the sandbox"
-            return self.lease_on(sandbox, run_id)
+            return self.lease_on(sandbox, run_id, known)
         except DaytonaError as exc:
             log.warning("daytona.acquire_failed", doing=doing, error_type=type(exc).__name__)
             raise run_failure(exc, snapshot=self.cfg.snapshot, doing=doing) from None
 
     def acquire_scratch(self, run_id: str) -> ScratchLease:
-        """A child RLM's sandbox: a new one from the snapshot with no volume, labelled with the
+        """A child RLM's sandbox: a new one from the snapshot, its workspace empty, labelled with the
         parent Run (so the sweep finds it if a worker dies), deleted at release."""
         labels = {LABEL_DEPLOYMENT: self.cfg.deployment, LABEL_RUN: run_id, LABEL_CHILD: "1"}
         params = CreateSandboxFromSnapshotParams(
@@ -282,18 +326,18 @@ class DaytonaSandboxProvider:
         # retire() deletes the sandbox: nothing more to throw away.
         return ScratchLease(lease, lambda: None)
 
-    def lease_on(self, sandbox: Any, run_id: str) -> DaytonaLease:
+    def lease_on(self, sandbox: Any, run_id: str, known: Record | None = None) -> DaytonaLease:
         """A lease on a started sandbox: the workspace layout made, the REPL copied in."""
         for folder in WORKSPACE_DIRS:
             sandbox.fs.create_folder(f"{WORKSPACE_MOUNT}/{folder}", "755")
         sandbox.fs.upload_file(DRIVER_SOURCE.read_bytes(), f"{DRIVER_DIR}/repl_main.py")
         sandbox.fs.upload_file(BRIDGE_SOURCE.read_bytes(), f"{DRIVER_DIR}/repl_bridge.py")
-        return DaytonaLease(self, sandbox, run_id)
+        return DaytonaLease(self, sandbox, run_id, known)
 
-    def sandbox_for(self, workspace_id: str, session_id: str, run_id: str) -> Any:
+    def sandbox_for(self, session_id: str, run_id: str) -> Any:
         """The session's sandbox (started), or a new one; labelled with this Run either way."""
         client = self.client()
-        labels = {LABEL_DEPLOYMENT: self.cfg.deployment, LABEL_SESSION: session_id}
+        labels = {LABEL_DEPLOYMENT: self.cfg.deployment, LABEL_SESSION: session_id, LABEL_WORKSPACE: SYNCED}
         found = list(client.list(ListSandboxesQuery(labels=labels)))
         for sandbox in found:
             if str(getattr(sandbox, "state", "")).lower().endswith(("error", "build_failed", "destroyed")):
@@ -305,23 +349,11 @@ class DaytonaSandboxProvider:
         params = CreateSandboxFromSnapshotParams(
             snapshot=self.cfg.snapshot,
             labels={**labels, LABEL_RUN: run_id},
-            volumes=[
-                VolumeMount(volume_id=self.volume_id(), mount_path=WORKSPACE_MOUNT, subpath=workspace_id)
-            ],
             network_block_all=True,
             auto_stop_interval=self.cfg.auto_stop_minutes,
             env_vars={},
         )
         return client.create(params, timeout=self.cfg.create_timeout_seconds)
-
-    def volume_id(self) -> str:
-        with self._lock:
-            known = self._volume_id
-        if known is None:
-            known = str(self.client().volume.get(self.cfg.volume, create=True).id)
-            with self._lock:
-                self._volume_id = known
-        return known
 
     def sweep(self, is_idle: Callable[[str | None], bool]) -> int:
         """Delete this deployment's sandboxes whose last Run (label `fleet.run`) `is_idle` says
