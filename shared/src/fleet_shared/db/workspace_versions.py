@@ -3,6 +3,7 @@ and the new one a Run's commit records (fleet_shared.manifests says what a versi
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -101,3 +102,38 @@ def add_manifest_on(db: OrmSession, manifest: Manifest) -> str:
     insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
     db.execute(insert(WorkspaceManifest).values(**values).on_conflict_do_nothing(index_elements=["sha256"]))
     return sha256
+
+
+class VersionSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One version as a listing shows it: its number, the Run that left it, and its size."""
+
+    version: int
+    run_id: str | None
+    created_at: datetime
+    file_count: int
+    byte_size: int
+
+
+async def version_page(
+    db: AsyncSession, workspace_id: str, *, before_version: int | None, limit: int
+) -> list[VersionSummary]:
+    """The workspace's versions below `before_version` (all, without it), newest first."""
+    query = (
+        select(
+            WorkspaceVersion.version,
+            WorkspaceVersion.run_id,
+            WorkspaceVersion.created_at,
+            WorkspaceManifest.file_count,
+            WorkspaceManifest.byte_size,
+        )
+        .join(WorkspaceManifest, WorkspaceManifest.sha256 == WorkspaceVersion.manifest_sha256)
+        .where(WorkspaceVersion.workspace_id == workspace_id)
+        .order_by(WorkspaceVersion.version.desc())
+        .limit(limit)
+    )
+    if before_version is not None:
+        query = query.where(WorkspaceVersion.version < before_version)
+    rows = await db.execute(query)
+    return [
+        VersionSummary(version=v, run_id=r, created_at=c, file_count=f, byte_size=b) for v, r, c, f, b in rows
+    ]
