@@ -24,6 +24,12 @@ class CreateSession(Input):
     title: Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)] = ""
 
 
+class ForkSession(Input):
+    """POST a fork: its title (default: the parent's)."""
+
+    title: Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)] | msgspec.UnsetType = msgspec.UNSET
+
+
 class UpdateSession(Input):
     """PATCH a session: at least one field (`null` is not a value of either)."""
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import select, update
+from sqlalchemy import BigInteger, String, insert, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -137,3 +137,19 @@ async def version_page(
     return [
         VersionSummary(version=v, run_id=r, created_at=c, file_count=f, byte_size=b) for v, r, c, f, b in rows
     ]
+
+
+def copy_versions_on(db: OrmSession, source_id: str, target_id: str, up_to: int) -> None:
+    """A fork's versions: the source's first `up_to`, same numbers, manifests and Runs, in the
+    caller's transaction. Rows only: the manifests and their objects are shared, and the copies
+    add no bytes (`added_bytes` 0), so no quota counts them twice."""
+    copied = select(
+        literal(target_id, String),
+        WorkspaceVersion.version,
+        WorkspaceVersion.manifest_sha256,
+        WorkspaceVersion.run_id,
+        literal(0, BigInteger),
+        WorkspaceVersion.created_at,
+    ).where(WorkspaceVersion.workspace_id == source_id, WorkspaceVersion.version <= up_to)
+    columns = ["workspace_id", "version", "manifest_sha256", "run_id", "added_bytes", "created_at"]
+    db.execute(insert(WorkspaceVersion).from_select(columns, copied))
