@@ -1,11 +1,12 @@
 """The files, attachments and artifacts routes in-process (Litestar's test client) on real
-SQLite/PostgreSQL, Redis and blob folders: traversal and links give 404, uploads are capped and
-streamed, artifact bytes come with ETag, Range and 304."""
+SQLite/PostgreSQL, Redis and a blob folder. The files API reads a session's workspace versions
+(manifests in the database, bytes in the store) and no disk: the gateway here has a data dir of
+its own, shared with nothing but the store. Hostile paths give 404, versions are read by number
+or by Run, uploads are capped and streamed, artifact bytes come with ETag, Range and 304."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
 import uuid
@@ -20,16 +21,21 @@ from litestar.testing import TestClient
 from fleet_gateway.app import create_app
 from fleet_gateway.routes.files import MAX_LIST, MAX_TREE_ENTRIES, timestamp
 from fleet_shared.blobs import open_blob_store
-from fleet_shared.config import Settings, load_settings
-from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.config import ResolvedBlobs, Settings, load_settings
+from fleet_shared.db.engine import create_engine, run_whole, session_factory
 from fleet_shared.db.models import Artifact
 from fleet_shared.db.queries import Claimed, claim_turn, now
+from fleet_shared.db.workspace_versions import WorkspaceChange, record_on, state_on
+from fleet_shared.manifests import FileEntry, Manifest, object_key
 
 REPO = Path(__file__).resolve().parents[2]
 UPLOAD = {"x-requested-with": "test"}  # uploads need a header no plain web form can send
+MTIME_NS = 1_700_000_000_123_456_789
+Files = dict[str, bytes]
 
 
-def settings_in(folder: Path, database_url: str, redis_url: str) -> Settings:
+def settings_in(folder: Path, database_url: str, redis_url: str, store: Path | None = None) -> Settings:
+    """A gateway's settings on its own data dir, and on the local store in `store` (if given)."""
     settings = load_settings(
         {
             "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
@@ -37,12 +43,16 @@ def settings_in(folder: Path, database_url: str, redis_url: str) -> Settings:
             "FLEET_REDIS_URL": redis_url,
         }
     )
-    return msgspec.structs.replace(settings, data_dir=folder)
+    settings = msgspec.structs.replace(settings, data_dir=folder)
+    if store is None:
+        return settings
+    return msgspec.structs.replace(settings, blobs=ResolvedBlobs(backend="local", local_dir=store))
 
 
 @pytest.fixture
 def settings(tmp_path: Path, database_url: str, redis_url: str) -> Settings:
-    return settings_in(tmp_path, database_url, redis_url)
+    """The gateway's: its own data dir; the store is the one thing it shares."""
+    return settings_in(tmp_path / "gateway", database_url, redis_url, tmp_path / "store")
 
 
 @pytest.fixture
@@ -57,46 +67,142 @@ def new_session(client: TestClient) -> dict[str, Any]:  # type: ignore[type-arg]
     return dict(response.json())
 
 
-def workspace_of(settings: Settings, session: dict[str, Any]) -> Path:
-    """What the worker's local provider makes on a session's first Turn."""
-    folder = settings.workspaces_dir / session["workspace_id"]
-    for name in ("memory", "skills", "attachments", "artifacts"):
-        (folder / name).mkdir(parents=True, exist_ok=True)
-    return folder
+def record_version(
+    settings: Settings,
+    workspace_id: str,
+    files: Files,
+    *,
+    run_id: str | None = None,
+    mtime_ns: int = MTIME_NS,
+    store: bool = True,
+) -> int:
+    """The workspace's next version, as a Run's commit records it: the files' bytes put in the
+    store first (unless `store` is false), then the manifest. Its number."""
+    objects = open_blob_store(settings)
+    entries = []
+    staging = settings.data_dir / "object.tmp"
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    for path, data in files.items():
+        sha256 = hashlib.sha256(data).hexdigest()
+        if store:
+            staging.write_bytes(data)
+            objects.put_file(object_key(sha256), staging)
+        entries.append(FileEntry(path, len(data), 0o644, sha256, mtime_ns))
+
+    def commit(db: Any) -> int:
+        seen = state_on(db, workspace_id).version
+        change = WorkspaceChange(workspace_id=workspace_id, seen_version=seen, manifest=Manifest.of(entries))
+        assert record_on(db, change, run_id)
+        db.commit()
+        return seen + 1
+
+    async def run() -> int:
+        engine = create_engine(settings.database_url)
+        try:
+            return await run_whole(session_factory(engine), commit)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def add_run(settings: Settings, session_id: str, key: str) -> str:
+    """A queued Run in the session (its user Turn claimed, as the gateway does)."""
+
+    async def claim() -> str:
+        engine = create_engine(settings.database_url)
+        try:
+            async with session_factory(engine)() as db:
+                claimed = await claim_turn(
+                    db, session_id=session_id, idempotency_key=key, fingerprint="f", text="hi", model="m"
+                )
+        finally:
+            await engine.dispose()
+        assert isinstance(claimed, Claimed)
+        return claimed.run.id
+
+    return asyncio.run(claim())
+
+
+MINE: Files = {
+    "memory/note.txt": b"remember the milk",
+    "memory/deep/er/kept.bin": bytes(range(256)),
+    "artifacts/r.txt": b"a report",
+}
 
 
 @pytest.fixture
-def planted(settings: Settings, client: TestClient, tmp_path: Path) -> tuple[str, str, Path]:  # type: ignore[type-arg]
-    """Two sessions; the first's workspace holds files and every trap a sandbox could plant."""
+def planted(settings: Settings, client: TestClient) -> tuple[str, str]:  # type: ignore[type-arg]
+    """Two sessions, each with a version of its own files."""
     mine, theirs = new_session(client), new_session(client)
-    folder, other = workspace_of(settings, mine), workspace_of(settings, theirs)
-    (folder / "memory" / "note.txt").write_text("remember the milk")
-    (other / "memory" / "secret.txt").write_text("theirs")
-    outside = tmp_path / "host-secret.txt"
-    outside.write_text("host secret")
-    (folder / "memory" / "link").symlink_to(outside)
-    (folder / "memory" / "dirlink").symlink_to(other / "memory")
-    (folder / "artifacts" / "up").symlink_to(folder.parent)
-    os.mkfifo(folder / "memory" / "pipe")
-    return mine["id"], theirs["id"], folder
+    record_version(settings, mine["workspace_id"], MINE)
+    record_version(settings, theirs["workspace_id"], {"memory/secret.txt": b"theirs"})
+    return mine["id"], theirs["id"]
 
 
-def test_listing_stat_and_tree_show_only_files_and_folders(
+def get(client: TestClient, route: str, **params: Any) -> Any:  # type: ignore[type-arg]
+    return client.get(route, params=params)
+
+
+def test_listing_stat_and_tree_show_the_latest_versions_files_and_implied_folders(
     client: TestClient,  # type: ignore[type-arg]
-    planted: tuple[str, str, Path],
+    planted: tuple[str, str],
 ) -> None:
-    mine, _theirs, _folder = planted
-    listing = client.get("/api/files", params={"session_id": mine, "path": "memory"})
-    assert listing.status_code == 200
-    assert [item["name"] for item in listing.json()["items"]] == ["note.txt"]  # no link, no FIFO
-    root = client.get("/api/files", params={"session_id": mine}).json()
-    assert [i["name"] for i in root["items"]] == ["artifacts", "attachments", "memory", "skills"]
-    stat = client.get("/api/files/stat", params={"session_id": mine, "path": "memory/note.txt"}).json()
-    assert stat["type"] == "file" and stat["byte_size"] == len("remember the milk")
-    tree = client.get("/api/volume/tree", params={"session_id": mine, "depth": 2}).json()
+    mine, _theirs = planted
+    listing = get(client, "/api/files", session_id=mine, path="memory")
+    assert listing.status_code == 200, listing.text
+    assert listing.json() == {
+        "session_id": mine,
+        "path": "memory",
+        "items": [
+            {"name": "deep", "path": "memory/deep", "type": "directory"},
+            {
+                "name": "note.txt",
+                "path": "memory/note.txt",
+                "type": "file",
+                "byte_size": len(MINE["memory/note.txt"]),
+                "modified_at": timestamp(MTIME_NS / 1e9),
+            },
+        ],
+        "truncated": False,
+    }
+    root = get(client, "/api/files", session_id=mine).json()
+    assert [(i["name"], i["type"]) for i in root["items"]] == [
+        ("artifacts", "directory"),
+        ("attachments", "directory"),
+        ("memory", "directory"),
+        ("skills", "directory"),
+    ]
+    stat = get(client, "/api/files/stat", session_id=mine, path="memory/deep/er/kept.bin").json()
+    assert (
+        stat["type"] == "file" and stat["byte_size"] == 256 and stat["modified_at"].startswith("2023-11-14")
+    )
+    folder = get(client, "/api/files/stat", session_id=mine, path="memory/deep/").json()
+    assert folder == {"name": "deep", "path": "memory/deep", "type": "directory"}
+    tree = get(client, "/api/volume/tree", session_id=mine, depth=2).json()
+    assert tree["truncated"] is False and tree["root"]["path"] == ""
     memory = next(c for c in tree["root"]["children"] if c["name"] == "memory")
-    assert [c["path"] for c in memory["children"]] == ["memory/note.txt"]
-    assert "/" not in str(tree["root"]["path"]) and str(tree).count("host-secret") == 0
+    assert [c["path"] for c in memory["children"]] == ["memory/deep", "memory/note.txt"]
+    assert "children" not in memory["children"][0]  # past the depth: not walked
+    deep = get(client, "/api/volume/tree", session_id=mine, root="memory/deep", depth=8).json()
+    assert deep["root"]["children"][0]["children"][0]["path"] == "memory/deep/er/kept.bin"
+    content = get(client, "/api/files/content", session_id=mine, path="memory/note.txt").json()
+    assert content["content"] == "remember the milk" and content["next_cursor"] is None
+
+
+def test_a_session_with_no_version_shows_the_empty_layout_folders(
+    client: TestClient,  # type: ignore[type-arg]
+) -> None:
+    session = new_session(client)["id"]
+    root = get(client, "/api/files", session_id=session)
+    assert root.status_code == 200, root.text
+    assert [i["name"] for i in root.json()["items"]] == ["artifacts", "attachments", "memory", "skills"]
+    assert get(client, "/api/files", session_id=session, path="memory").json()["items"] == []
+    tree = get(client, "/api/volume/tree", session_id=session).json()
+    assert [c["children"] for c in tree["root"]["children"]] == [[], [], [], []]
+    assert get(client, "/api/files/stat", session_id=session, path="skills").json()["type"] == "directory"
+    assert get(client, "/api/files/content", session_id=session, path="memory/x").status_code == 404
+    assert get(client, "/api/files", session_id=session, version=1).status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -107,131 +213,118 @@ def test_listing_stat_and_tree_show_only_files_and_folders(
         "memory/../../x",
         "/etc/passwd",
         "memory/link",
-        "memory/dirlink/secret.txt",
-        "memory/dirlink",
-        "artifacts/up",
-        "artifacts/up/x",
-        "memory/pipe",
         "memory/missing.txt",
         "memory\\..\\..",
         "memory/note.txt/x",
+        "memory/deep/er/kept.bin/..",
+        "memory/dee",
+        "memory/note",
+        "nothing",
+        "memory/secret.txt",  # the other session's
+        "..\x00",
+        "x/" * 300,
     ],
 )
 @pytest.mark.parametrize("route", ["/api/files", "/api/files/stat", "/api/files/content", "/api/volume/tree"])
-def test_traversal_links_and_specials_are_404(
+def test_traversal_odd_and_missing_paths_are_the_same_404(
     client: TestClient,  # type: ignore[type-arg]
-    planted: tuple[str, str, Path],
+    planted: tuple[str, str],
     route: str,
     path: str,
 ) -> None:
-    mine, _theirs, _folder = planted
+    mine, _theirs = planted
     key = "root" if route == "/api/volume/tree" else "path"
     response = client.get(route, params={"session_id": mine, key: path})
-    assert response.status_code == 404, (route, path, response.text)
-    assert response.json()["code"] == "not_found"
-    assert "host secret" not in response.text and "theirs" not in response.text
+    expected = 422 if "\x00" in path else 404  # a NUL is refused by the schema, before any lookup
+    assert response.status_code == expected, (route, path, response.text)
+    assert response.json()["code"] == ("validation_error" if expected == 422 else "not_found")
+    assert "theirs" not in response.text
+
+
+@pytest.mark.parametrize("route", ["/api/files", "/api/volume/tree"])
+def test_a_file_is_not_a_folder_and_a_folder_has_no_content(
+    client: TestClient,  # type: ignore[type-arg]
+    planted: tuple[str, str],
+    route: str,
+) -> None:
+    mine, _theirs = planted
+    key = "root" if route == "/api/volume/tree" else "path"
+    assert client.get(route, params={"session_id": mine, key: "memory/note.txt"}).status_code == 404
+    assert get(client, "/api/files/content", session_id=mine, path="memory/deep").status_code == 404
 
 
 def test_foreign_and_unknown_sessions_look_the_same(
     client: TestClient,  # type: ignore[type-arg]
-    planted: tuple[str, str, Path],
+    planted: tuple[str, str],
 ) -> None:
-    mine, theirs, _folder = planted
-    mine_file = client.get("/api/files/content", params={"session_id": theirs, "path": "memory/note.txt"})
-    unknown = client.get("/api/files", params={"session_id": str(uuid.uuid4()), "path": ""})
-    malformed = client.get("/api/files", params={"session_id": "../x", "path": ""})
+    mine, theirs = planted
+    mine_file = get(client, "/api/files/content", session_id=theirs, path="memory/note.txt")
+    unknown = get(client, "/api/files", session_id=str(uuid.uuid4()), path="")
+    malformed = get(client, "/api/files", session_id="../x", path="")
     assert [r.status_code for r in (mine_file, unknown, malformed)] == [404, 404, 404]
-    assert (
-        client.get("/api/files/content", params={"session_id": mine, "path": "memory/note.txt"}).json()[
-            "content"
-        ]
-        == "remember the milk"
+    assert get(client, "/api/files/content", session_id=mine, path="memory/note.txt").json()["content"] == (
+        "remember the milk"
     )
 
 
-def test_hostile_names_and_times_do_not_break_listings(
+def test_odd_names_and_times_do_not_break_listings(
     client: TestClient,  # type: ignore[type-arg]
-    planted: tuple[str, str, Path],
+    settings: Settings,
 ) -> None:
-    """A sandbox may write a name that is not UTF-8 and set any mtime: listings still answer."""
-    mine, _theirs, folder = planted
-    os.close(os.open(bytes(folder / "memory") + b"/bad\xff", os.O_CREAT | os.O_WRONLY, 0o644))
-    odd = folder / "memory" / "future.txt"
-    odd.write_text("x")
-    with contextlib.suppress(OSError):  # ext4 clamps such a time; tmpfs and btrfs keep it
-        os.utime(odd, (10**12, 10**12))
-    assert timestamp(10.0**12) == "" and timestamp(0).startswith("1970")
-    listing = client.get("/api/files", params={"session_id": mine, "path": "memory"})
-    tree = client.get("/api/volume/tree", params={"session_id": mine})
-    assert listing.status_code == 200 and tree.status_code == 200
-    names = [i["name"] for i in listing.json()["items"]]
-    assert names == ["future.txt", "note.txt"]
-    stat = client.get("/api/files/stat", params={"session_id": mine, "path": "memory/future.txt"})
-    assert stat.status_code == 200
-
-
-LINKS = 50_000
-
-
-@pytest.fixture
-def crowded(settings: Settings, client: TestClient) -> str:  # type: ignore[type-arg]
-    """A session whose `memory/links/` holds 50,000 symlinks (a cell makes them in a second)."""
+    """A sandbox may name a file oddly and set any mtime: listings still answer."""
     session = new_session(client)
-    folder = workspace_of(settings, session) / "memory" / "links"
-    folder.mkdir()
-    for index in range(LINKS):
-        os.symlink("/etc/passwd", folder / f"link-{index:05d}")
-    return str(session["id"])
+    odd = {
+        "memory/ a b ": b"1",
+        "memory/…": b"2",
+        "memory/-n": b"3",
+        "memory/x\ny": b"4",
+        "memory/ü.txt": b"5",
+    }
+    record_version(settings, session["workspace_id"], odd, mtime_ns=10**30)
+    assert timestamp(10.0**21) == "" and timestamp(0).startswith("1970")
+    listing = get(client, "/api/files", session_id=session["id"], path="memory")
+    assert listing.status_code == 200
+    assert [i["name"] for i in listing.json()["items"]] == sorted(name.split("/")[1] for name in odd)
+    assert all("modified_at" not in i for i in listing.json()["items"])  # no calendar holds that time
+    for path, data in odd.items():
+        page = get(client, "/api/files/content", session_id=session["id"], path=path)
+        assert page.status_code == 200 and page.json()["content"] == data.decode()
 
 
 def tree_size(node: dict[str, Any]) -> int:
     return sum(1 + tree_size(child) for child in node.get("children") or [])
 
 
-def test_entries_that_are_not_shown_still_count_toward_the_bounds(
+def test_listings_and_trees_are_cut_at_their_bounds(
     client: TestClient,  # type: ignore[type-arg]
-    crowded: str,
+    settings: Settings,
 ) -> None:
-    """A listing reads at most MAX_LIST entries of a folder and a tree at most MAX_TREE_ENTRIES,
-    links included: past that it stops and says `truncated`, however many more there are."""
-    listing = client.get("/api/files", params={"session_id": crowded, "path": "memory/links"})
-    assert listing.status_code == 200
-    assert listing.json()["items"] == [] and listing.json()["truncated"] is True
-    assert client.get("/api/files", params={"session_id": crowded, "path": "memory/links"}).json() == (
-        listing.json()
-    )
-    tree = client.get("/api/volume/tree", params={"session_id": crowded, "depth": 3})
-    assert tree.status_code == 200 and tree.json()["truncated"] is True
-    memory = next(c for c in tree.json()["root"]["children"] if c["name"] == "memory")
-    assert [c["name"] for c in memory["children"]] == ["links"] and memory["children"][0]["children"] == []
-    assert tree_size(tree.json()["root"]) <= MAX_TREE_ENTRIES
-
-
-def test_a_long_listing_is_cut_at_max_list_in_name_order(
-    client: TestClient,  # type: ignore[type-arg]
-    planted: tuple[str, str, Path],
-) -> None:
-    mine, _theirs, folder = planted
-    many = folder / "memory" / "many"
-    many.mkdir()
-    for index in range(MAX_LIST + 5):
-        (many / f"f{index:05d}").touch()
-    listing = client.get("/api/files", params={"session_id": mine, "path": "memory/many"}).json()
+    """A listing shows at most MAX_LIST entries of a folder and a tree at most MAX_TREE_ENTRIES:
+    past that it stops and says `truncated`, however many files the version holds."""
+    session = new_session(client)
+    crowd = {f"memory/many/f{n:05d}": b"" for n in range(MAX_LIST + 5)}
+    folders = {f"memory/folders/d{n:04d}/f": b"" for n in range(MAX_TREE_ENTRIES)}
+    record_version(settings, session["workspace_id"], {**crowd, **folders, "memory/z.txt": b"z"}, store=False)
+    listing = get(client, "/api/files", session_id=session["id"], path="memory/many").json()
     names = [item["name"] for item in listing["items"]]
-    assert listing["truncated"] is True and len(names) == MAX_LIST and names == sorted(names)
-    tree = client.get("/api/volume/tree", params={"session_id": mine, "depth": 3}).json()
-    assert tree["truncated"] is False and tree_size(tree["root"]) > MAX_LIST  # a tree's own bound
+    assert listing["truncated"] is True and names == sorted(p.rpartition("/")[2] for p in crowd)[:MAX_LIST]
+    memory = get(client, "/api/files", session_id=session["id"], path="memory").json()
+    assert [i["name"] for i in memory["items"]] == ["folders", "many", "z.txt"] and not memory["truncated"]
+    tree = get(client, "/api/volume/tree", session_id=session["id"], depth=8).json()
+    assert tree["truncated"] is True and tree_size(tree["root"]) <= MAX_TREE_ENTRIES
+    small = get(client, "/api/volume/tree", session_id=session["id"], root="memory/folders/d0001").json()
+    assert small["truncated"] is False and small["root"]["children"][0]["path"] == "memory/folders/d0001/f"
 
 
 def test_a_page_too_small_for_a_character_still_moves_on(
     client: TestClient,  # type: ignore[type-arg]
-    planted: tuple[str, str, Path],
+    settings: Settings,
 ) -> None:
-    mine, _theirs, folder = planted
-    (folder / "memory" / "broken.txt").write_bytes(b"\xf0\x9f\x98x")
+    session = new_session(client)
+    record_version(settings, session["workspace_id"], {"memory/broken.txt": b"\xf0\x9f\x98x"})
     seen, cursor = [], ""
     for _ in range(10):
-        params = {"session_id": mine, "path": "memory/broken.txt", "max_chars": 1, "cursor": cursor}
+        params = {"session_id": session["id"], "path": "memory/broken.txt", "max_chars": 1, "cursor": cursor}
         page = client.get("/api/files/content", params=params).json()
         seen.append(page["content"])
         if page["next_cursor"] is None:
@@ -241,18 +334,19 @@ def test_a_page_too_small_for_a_character_still_moves_on(
     assert seen[-1] == "x" and len(seen) <= 4
 
 
-def test_content_pages_never_split_a_character(
+def test_content_pages_never_split_a_character_and_binary_is_415(
     client: TestClient,  # type: ignore[type-arg]
-    planted: tuple[str, str, Path],
+    settings: Settings,
 ) -> None:
-    mine, _theirs, folder = planted
+    session = new_session(client)
     text = "añb€c😀d" * 50
-    (folder / "memory" / "utf8.txt").write_text(text, encoding="utf-8")
+    files = {"memory/utf8.txt": text.encode(), "memory/blob.bin": b"\x00\x01binary", "memory/empty": b""}
+    record_version(settings, session["workspace_id"], files)
     pieces, cursor, pages = [], "", 0
     while True:
-        params = {"session_id": mine, "path": "memory/utf8.txt", "max_chars": 7, "cursor": cursor}
+        params = {"session_id": session["id"], "path": "memory/utf8.txt", "max_chars": 7, "cursor": cursor}
         page = client.get("/api/files/content", params=params).json()
-        assert len(page["content"]) <= 7
+        assert len(page["content"]) <= 7 and page["byte_size"] == len(text.encode())
         pieces.append(page["content"])
         pages += 1
         if page["next_cursor"] is None:
@@ -260,9 +354,93 @@ def test_content_pages_never_split_a_character(
         assert int(page["next_cursor"]) > int(cursor or 0)
         cursor = page["next_cursor"]
     assert "".join(pieces) == text and pages > 10
-    (folder / "memory" / "blob.bin").write_bytes(b"\x00\x01binary")
-    binary = client.get("/api/files/content", params={"session_id": mine, "path": "memory/blob.bin"})
-    assert binary.status_code == 415
+    binary = get(client, "/api/files/content", session_id=session["id"], path="memory/blob.bin")
+    assert binary.status_code == 415 and binary.json()["code"] == "unsupported_media_type"
+    empty = get(client, "/api/files/content", session_id=session["id"], path="memory/empty").json()
+    assert empty["content"] == "" and empty["next_cursor"] is None
+    past = get(client, "/api/files/content", session_id=session["id"], path="memory/empty", cursor="1")
+    assert past.status_code == 422
+
+
+def test_a_file_whose_bytes_are_gone_from_the_store_is_404_not_a_500(
+    client: TestClient,  # type: ignore[type-arg]
+    settings: Settings,
+) -> None:
+    session = new_session(client)
+    record_version(settings, session["workspace_id"], {"memory/lost.txt": b"never stored"}, store=False)
+    assert get(client, "/api/files/stat", session_id=session["id"], path="memory/lost.txt").status_code == 200
+    lost = get(client, "/api/files/content", session_id=session["id"], path="memory/lost.txt")
+    assert lost.status_code == 404 and lost.json()["code"] == "not_found"
+
+
+def test_any_version_reads_by_number_or_by_run(
+    client: TestClient,  # type: ignore[type-arg]
+    settings: Settings,
+    planted: tuple[str, str],
+) -> None:
+    session = new_session(client)
+    first, second = add_run(settings, session["id"], "k1"), str(uuid.uuid4())
+    record_version(settings, session["workspace_id"], {"memory/note.txt": b"first"}, run_id=first)
+    record_version(settings, session["workspace_id"], {"memory/note.txt": b"second", "memory/new.txt": b"n"})
+    sid = session["id"]
+
+    def note(**chosen: Any) -> Any:
+        return get(client, "/api/files/content", session_id=sid, path="memory/note.txt", **chosen)
+
+    assert note().json()["content"] == "second"
+    assert note(version=2).json()["content"] == "second"
+    assert note(version=1).json()["content"] == "first"
+    assert note(run_id=first).json()["content"] == "first"
+    assert note(run_id=first.upper()).json()["content"] == "first"  # any spelling of the UUID
+    assert get(client, "/api/files", session_id=sid, path="memory", version=1).json()["items"][0]["name"] == (
+        "note.txt"
+    )
+    assert [i["name"] for i in get(client, "/api/files", session_id=sid, path="memory").json()["items"]] == [
+        "new.txt",
+        "note.txt",
+    ]
+    assert get(client, "/api/files/stat", session_id=sid, path="memory/new.txt", version=1).status_code == 404
+    tree = get(client, "/api/volume/tree", session_id=sid, root="memory", run_id=first).json()
+    assert [c["name"] for c in tree["root"]["children"]] == ["note.txt"]
+    _mine, theirs = planted
+    other_run = add_run(settings, theirs, "k-other")
+    for chosen in ({"version": 3}, {"run_id": second}, {"run_id": "not-a-uuid"}, {"run_id": other_run}):
+        response = note(**chosen)
+        assert response.status_code == 404 and response.json()["code"] == "not_found", chosen
+    for chosen in ({"version": 1, "run_id": first}, {"version": 0}, {"version": -1}, {"version": "x"}):
+        response = note(**chosen)
+        assert response.status_code == 422 and response.json()["code"] == "validation_error", chosen
+
+
+def test_the_versions_list_pages_newest_first(
+    client: TestClient,  # type: ignore[type-arg]
+    settings: Settings,
+) -> None:
+    session = new_session(client)
+    url = f"/api/sessions/{session['id']}/workspace/versions"
+    assert client.get(url).json() == {"items": [], "next_before_version": None}
+    run_id = add_run(settings, session["id"], "k1")
+    record_version(settings, session["workspace_id"], {"memory/a": b"aa"}, run_id=run_id)
+    record_version(settings, session["workspace_id"], {"memory/a": b"aa", "memory/b": b"bbb"})
+    record_version(settings, session["workspace_id"], {})
+    whole = client.get(url).json()
+    assert [(i["version"], i["file_count"], i["byte_size"]) for i in whole["items"]] == [
+        (3, 0, 0),
+        (2, 2, 5),
+        (1, 1, 2),
+    ]
+    assert whole["items"][2]["run_id"] == run_id and whole["items"][0]["run_id"] is None
+    assert whole["next_before_version"] is None and whole["items"][0]["created_at"].endswith("Z")
+    pages, params = [], {"limit": 2}
+    while True:
+        page = client.get(url, params=params).json()
+        pages.append([i["version"] for i in page["items"]])
+        if page["next_before_version"] is None:
+            break
+        params = {"limit": 2, "before_version": page["next_before_version"]}
+    assert pages == [[3, 2], [1]]
+    assert client.get(f"/api/sessions/{uuid.uuid4()}/workspace/versions").status_code == 404
+    assert client.get(url, params={"limit": 0}).status_code == 422
 
 
 def test_attachment_upload_is_capped_checked_and_described(
@@ -326,6 +504,7 @@ def add_artifact(settings: Settings, session_id: str, data: bytes, name: str) ->
     run_ids: list[str] = []
     store = open_blob_store(settings)
     source = settings.data_dir / "artifact.tmp"
+    source.parent.mkdir(parents=True, exist_ok=True)
     source.write_bytes(data)
     store.put_file(f"artifacts/{artifact_id}", source)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from fleet_shared.manifests import WORKSPACE_DIRS
 from fleet_worker.sandbox.boundary import Caps, CellResult
 from fleet_worker.sandbox.errors import (
     CellInterrupted,
@@ -24,7 +25,6 @@ from fleet_worker.sandbox.errors import (
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
 from fleet_worker.sandbox.session import ReplSession
-from fleet_worker.sandbox.workspace import WORKSPACE_DIRS
 
 REPO = Path(__file__).resolve().parents[2]
 HOST_SERVICES = {"redis": 6379, "postgresql": 5432}

@@ -63,7 +63,7 @@ ERRORS: dict[str, str] = {
     "uploads in progress; see Retry-After",
     "431": "`headers_too_large`: the headers are over gateway.limits.max_header_bytes",
     "500": "`internal_error`: a bug; details only in the server log",
-    "503": "`service_unavailable`: the database or Redis is down; retry",
+    "503": "`service_unavailable`: the database, Redis or the blob store is down; retry",
     "507": "`storage_quota_exceeded`: the blob store is at storage.quota_deployment_mb; nothing was stored",
 }
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, Self
 import msgspec
 
 from fleet_shared.db.models import Artifact, Attachment, Feedback, Run, Session, Skill, Turn
+from fleet_shared.db.workspace_versions import VersionSummary
 from fleet_shared.policy_file import MAX_CHANGES, PolicySnapshot
 
 MAX_INT32 = 2**31 - 1
@@ -21,6 +22,12 @@ class Input(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 class CreateSession(Input):
     title: Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)] = ""
+
+
+class ForkSession(Input):
+    """POST a fork: its title (default: the parent's)."""
+
+    title: Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)] | msgspec.UnsetType = msgspec.UNSET
 
 
 class UpdateSession(Input):
@@ -98,6 +105,29 @@ class TaskOut(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 class SessionPage(msgspec.Struct, frozen=True):
     items: list[SessionOut]
     total: int
+
+
+class WorkspaceVersionOut(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    run_id: str | None  # the Run that left it (null: a version no Run made)
+    created_at: str
+    file_count: int
+    byte_size: int
+
+    @classmethod
+    def of(cls, row: VersionSummary, iso: Any) -> WorkspaceVersionOut:
+        return cls(
+            version=row.version,
+            run_id=row.run_id,
+            created_at=iso(row.created_at),
+            file_count=row.file_count,
+            byte_size=row.byte_size,
+        )
+
+
+class WorkspaceVersionPage(msgspec.Struct, frozen=True):
+    items: list[WorkspaceVersionOut]
+    next_before_version: int | None
 
 
 class UIMessage(msgspec.Struct, frozen=True, kw_only=True):

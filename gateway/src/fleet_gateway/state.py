@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from fleet_gateway.fanout import EventFanout
 from fleet_gateway.streaming import StreamDeps
 from fleet_gateway.upload_gate import UploadGate
+from fleet_gateway.workspace_index import IndexCache
 from fleet_shared.blobs import BlobStore
 from fleet_shared.config import Settings
 from fleet_shared.event_log import RunLog
@@ -31,6 +32,7 @@ class GatewayState:
     probe: Redis  # no retries: readiness reports an outage at once instead of riding it out
     blobs: BlobStore  # attachment and artifact bytes
     uploads: UploadGate  # this process's uploads in progress: their idle limit and per-client cap
+    manifests: IndexCache = field(default_factory=IndexCache)  # workspace versions the files API read
     # /ready's sandbox detail (monotonic expiry, text) and the one task refreshing it: finding it
     # SCANs the keyspace, so probes read the last answer and at most one SCAN runs at a time.
     sandbox_modes_cache: tuple[float, str] | None = None

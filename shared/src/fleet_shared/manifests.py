@@ -14,6 +14,8 @@ from collections.abc import Iterable
 import msgspec
 
 OBJECT_PREFIX = "workspaces/"
+# The layout folders every workspace has, whatever its version holds (a version keeps files only).
+WORKSPACE_DIRS = ("memory", "skills", "attachments", "artifacts")
 
 
 def object_key(sha256: str) -> str:

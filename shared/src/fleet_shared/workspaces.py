@@ -1,9 +1,9 @@
-"""Where the local provider keeps session workspaces, for the worker and the gateway alike.
+"""Where the local provider keeps its scratch copies of session workspaces, on a worker.
 
-A workspace lives in `<data_dir>/workspaces/<workspace id>`, unless a root worker's sandbox uid
-cannot search that far (a checkout under /root): then the worker relocates every workspace to
-a stable folder under /var/lib/fleet derived from the preferred path, and the gateway's files
-API looks there too.
+A workspace's folder is `<data_dir>/workspaces/<workspace id>`, unless a root worker's sandbox
+uid cannot search that far (a checkout under /root): then the worker relocates every workspace
+to a stable folder under /var/lib/fleet derived from the preferred path. The folder is scratch:
+a workspace's versions live in the database and the blob store, and no other process reads it.
 """
 
 from __future__ import annotations
@@ -30,14 +30,3 @@ def create_dirs(path: Path, mode: int) -> None:
 def relocated_root(preferred: Path) -> Path:
     digest = hashlib.sha256(str(preferred.resolve()).encode()).hexdigest()[:16]
     return RELOCATED_ROOT / digest / "workspaces"
-
-
-def find_workspace(preferred: Path, workspace_id: str) -> Path | None:
-    """The folder of an existing workspace, or None (never created, or not on this machine)."""
-    if not workspace_id or "/" in workspace_id or workspace_id in (".", ".."):
-        return None
-    for root in (preferred.resolve(), relocated_root(preferred)):
-        candidate = root / workspace_id
-        if candidate.is_dir() and not candidate.is_symlink():
-            return candidate
-    return None

@@ -82,18 +82,20 @@ def etag_matches(header: str | None, etag: str) -> bool:
     return "*" in candidates or etag in candidates
 
 
-async def opened(blobs: BlobStore, key: str, start: int, end: int) -> AsyncIterator[bytes]:
-    """The bytes, with the first chunk already read: a missing object is a 404 before any
-    header is sent, not a response cut short."""
+async def opened(
+    blobs: BlobStore, key: str, start: int, end: int, *, what: str = "artifact"
+) -> AsyncIterator[bytes]:
+    """The bytes, with the first chunk already read: a missing object is a 404 (`what` not
+    found) before any header is sent, not a response cut short."""
     chunks = blobs.read_range(key, start, end)
     try:
         first = await anext(chunks, b"")
     except BlobMissing:
-        log.error("artifact.bytes_missing", key=key)  # the row outlived its bytes
-        raise not_found("artifact") from None
+        log.error("blob.bytes_missing", what=what, key=key)  # the row outlived its bytes
+        raise not_found(what) from None
     except BlobStoreError as exc:  # the store is away, throttling or refusing: retry later
-        log.warning("artifact.store_failed", key=key, error_type=type(exc).__name__)
-        raise ApiError(503, "service_unavailable", "the artifact store is unavailable; retry") from None
+        log.warning("blob.store_failed", what=what, key=key, error_type=type(exc).__name__)
+        raise ApiError(503, "service_unavailable", "the blob store is unavailable; retry") from None
 
     async def rest() -> AsyncIterator[bytes]:
         if first:

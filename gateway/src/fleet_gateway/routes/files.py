@@ -1,38 +1,54 @@
-"""The files API: a session's workspace, read-only, never a step outside it.
+"""The files API: a session's workspace as one of its versions, read-only, from the database and
+the blob store (never from a disk: the worker that ran a Turn may be anywhere, or gone).
 
-Every read goes through `fleet_shared.confined` (directory fds, O_NOFOLLOW, regular files only):
-`..`, absolute paths, symlinks (even one swapped in mid-request), FIFOs, devices, unknown and
-foreign sessions all answer the same 404. Responses carry workspace-relative paths only.
+A version is a manifest of regular files (fleet_shared.manifests); folders are what the files'
+paths imply, plus the layout folders. A path is looked up in the manifest, never opened, so
+`..`, absolute and odd paths, names no version holds, and unknown and foreign sessions all
+answer the same 404. Responses carry workspace-relative paths only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
-import itertools
-import os
-import stat
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 from litestar import Controller, get
-from litestar.di import NamedDependency
-from litestar.params import QueryParameter
+from litestar.di import NamedDependency, Provide
+from litestar.params import FromPath, QueryParameter
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import ApiError, not_found
+from fleet_gateway.routes.artifacts import opened
 from fleet_gateway.routes.sessions import load_session
-from fleet_gateway.schemas import NO_NUL
+from fleet_gateway.schemas import MAX_INT32, NO_NUL, WorkspaceVersionOut, WorkspaceVersionPage
 from fleet_gateway.state import GatewayState
-from fleet_shared.confined import DIR_FLAGS, OutsideTree, opened_inside, parts_of
-from fleet_shared.workspaces import find_workspace
+from fleet_gateway.streaming import iso
+from fleet_gateway.workspace_index import EMPTY_INDEX, Child, WorkspaceIndex
+from fleet_shared.confined import OutsideTree, parts_of
+from fleet_shared.db import workspace_versions
+from fleet_shared.db.models import WorkspaceManifest
+from fleet_shared.ids import parse_uuid
+from fleet_shared.manifests import FileEntry, object_key
 
 MAX_LIST = 1000
 MAX_TREE_ENTRIES = 2000
 SessionId = Annotated[str, QueryParameter(max_length=64)]
 PathParam = Annotated[str, QueryParameter(max_length=4096, pattern=NO_NUL)]
+VersionParam = Annotated[
+    int | None,
+    QueryParameter(
+        ge=1, le=MAX_INT32, description="read the workspace as this version left it (default: the latest)"
+    ),
+]
+RunIdParam = Annotated[
+    str | None,
+    QueryParameter(max_length=64, description="read the workspace as this Run of the session left it"),
+]
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -66,19 +82,18 @@ class Tree(msgspec.Struct, frozen=True, kw_only=True):
     truncated: bool
 
 
-def normalized(parts: list[str]) -> str:
-    return "/".join(parts)
+@dataclass(frozen=True)
+class Chosen:
+    """Which version a request reads: `version`, the one `run_id` left, or (neither) the latest."""
+
+    version: int | None
+    run_id: str | None
 
 
-def entry(name: str, path: str, info: os.stat_result) -> Entry:
-    kind: Literal["file", "directory"] = "directory" if stat.S_ISDIR(info.st_mode) else "file"
-    return Entry(
-        name=name,
-        path=path,
-        type=kind,
-        byte_size=info.st_size if kind == "file" else 0,
-        modified_at=timestamp(info.st_mtime),
-    )
+def chosen_version(version: VersionParam = None, run_id: RunIdParam = None) -> Chosen:
+    if version is not None and run_id is not None:
+        raise ApiError(422, "validation_error", "version, run_id: give one of them, not both")
+    return Chosen(version, run_id)
 
 
 def timestamp(seconds: float) -> str:
@@ -89,71 +104,50 @@ def timestamp(seconds: float) -> str:
         return ""
 
 
-def addressable(name: str) -> bool:
-    """A name a client can see and ask for again: valid Unicode (no undecodable bytes)."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+def child_path(folder: str, name: str) -> str:
+    return f"{folder}/{name}" if folder else name
 
 
-def children(fd: int, prefix: str, limit: int) -> tuple[list[Entry], list[tuple[str, str]], int, bool]:
-    """The regular files and directories among the first `limit` entries of an open directory
-    (sorted by name), the (name, path) of its subdirectories, how many entries were read, and
-    whether more remain.
-
-    Every entry read counts toward `limit`, shown or not (a link, a FIFO, an undecodable name):
-    a folder of millions of links costs what `limit` entries cost. The directory is read
-    incrementally and never past `limit` + 1 entries; the cut follows the directory's own order,
-    which is stable while the folder is unchanged, and what was read is sorted."""
-    with os.scandir(fd) as entries:
-        read = list(itertools.islice(entries, limit))
-        more = next(entries, None) is not None
-    found: list[Entry] = []
-    folders: list[tuple[str, str]] = []
-    for item in sorted(read, key=lambda item: item.name):
-        name = item.name
-        if not addressable(name):
-            continue  # bytes that are not UTF-8: not listed, as a link is not
-        if not (item.is_file(follow_symlinks=False) or item.is_dir(follow_symlinks=False)):
-            continue  # links, FIFOs and the like are not shown (the type needs no stat)
-        try:
-            info = item.stat(follow_symlinks=False)  # lstat relative to `fd`
-        except FileNotFoundError:
-            continue
-        if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
-            continue  # swapped for a link or a FIFO since it was read
-        path = f"{prefix}/{name}" if prefix else name
-        found.append(entry(name, path, info))
-        if stat.S_ISDIR(info.st_mode):
-            folders.append((name, path))
-    return found, folders, len(read), more
+def file_entry(entry: FileEntry) -> Entry:
+    return Entry(
+        name=entry.path.rpartition("/")[2],
+        path=entry.path,
+        type="file",
+        byte_size=entry.size,
+        modified_at=timestamp(entry.mtime_ns / 1e9),
+    )
 
 
-def list_dir(root: Path, parts: list[str]) -> tuple[list[Entry], bool]:
-    with opened_inside(root, parts) as (fd, info):
-        if not stat.S_ISDIR(info.st_mode):
-            raise FileNotFoundError(normalized(parts))
-        found, _folders, _read, truncated = children(fd, normalized(parts), MAX_LIST)
-        return found, truncated
+def folder_entry(path: str) -> Entry:
+    """A folder: a version keeps no folders, so none has a size or a time of its own."""
+    return Entry(name=path.rpartition("/")[2], path=path, type="directory")
 
 
-def stat_path(root: Path, parts: list[str]) -> Entry:
-    with opened_inside(root, parts) as (_fd, info):
-        return entry(parts[-1] if parts else "", normalized(parts), info)
+def shown(folder: str, child: Child) -> Entry:
+    name, entry = child
+    return file_entry(entry) if entry is not None else folder_entry(child_path(folder, name))
 
 
-def read_text(root: Path, parts: list[str], offset: int, max_chars: int) -> tuple[str, int | None, int]:
-    """At most `max_chars` characters from byte `offset`, never split inside a character; the
-    offset to go on from (None at the end) and the file's size. Invalid UTF-8 shows as U+FFFD."""
-    with opened_inside(root, parts) as (fd, info):
-        if not stat.S_ISREG(info.st_mode):
-            raise FileNotFoundError(normalized(parts))
-        size = info.st_size
-        if offset > size:
-            raise ApiError(422, "validation_error", "cursor: past the end of the file")
-        raw = os.pread(fd, max_chars + 3, offset)  # room for one whole character past the page
+def list_folder(index: WorkspaceIndex, folder: str) -> tuple[list[Entry], bool]:
+    if not index.is_folder(folder):
+        raise not_found("file")
+    found, truncated = index.children(folder, MAX_LIST)
+    return [shown(folder, child) for child in found], truncated
+
+
+def stat_path(index: WorkspaceIndex, path: str) -> Entry:
+    entry = index.file(path)
+    if entry is not None:
+        return file_entry(entry)
+    if index.is_folder(path):
+        return folder_entry(path)
+    raise not_found("file")
+
+
+def page_of(raw: bytes, offset: int, size: int, max_chars: int) -> tuple[str, int | None]:
+    """At most `max_chars` characters of `raw` (the file's bytes from `offset`), never split
+    inside a character, and the offset to go on from (None at the end). Invalid UTF-8 shows as
+    U+FFFD."""
     at_end = offset + len(raw) >= size
     for spare in range(4):  # drop trailing bytes until the page holds at most max_chars
         chunk = raw[: len(raw) - spare]
@@ -167,67 +161,76 @@ def read_text(root: Path, parts: list[str], offset: int, max_chars: int) -> tupl
     following = offset + len(chunk) - len(pending)
     if following == offset and offset < size:  # no whole character fits: step over one byte
         text, following = "\ufffd", offset + 1
-    return text, following if following < size else None, size
+    return text, following if following < size else None
 
 
-def build_tree(root: Path, parts: list[str], depth: int) -> tuple[Entry, bool]:
+def build_tree(index: WorkspaceIndex, folder: str, depth: int) -> tuple[Entry, bool]:
+    if not index.is_folder(folder):
+        raise not_found("file")
     budget = [MAX_TREE_ENTRIES]
-    with opened_inside(root, parts) as (fd, info):
-        if not stat.S_ISDIR(info.st_mode):
-            raise FileNotFoundError(normalized(parts))
-        top = entry(parts[-1] if parts else "", normalized(parts), info)
-        kids, truncated = subtree(fd, normalized(parts), depth, budget)
-        return msgspec.structs.replace(top, children=kids), truncated
+    kids, truncated = subtree(index, folder, depth, budget)
+    return msgspec.structs.replace(folder_entry(folder), children=kids), truncated
 
 
-def subtree(fd: int, prefix: str, depth: int, budget: list[int]) -> tuple[list[Entry], bool]:
-    found, folders, read, truncated = children(fd, prefix, budget[0])
-    budget[0] -= read
+def subtree(index: WorkspaceIndex, folder: str, depth: int, budget: list[int]) -> tuple[list[Entry], bool]:
+    """Every entry looked at counts toward the budget, as in a listing."""
+    found, truncated = index.children(folder, budget[0])
+    budget[0] -= len(found)
+    entries = [shown(folder, child) for child in found]
     if depth <= 1:
-        return found, truncated
-    deeper: dict[str, list[Entry]] = {}
-    for name, path in folders:
-        if budget[0] <= 0:
+        return entries, truncated
+    walked: list[Entry] = []
+    for item in entries:
+        if item.type == "file":
+            walked.append(item)
+        elif budget[0] <= 0:
+            # A folder that was not walked (the budget ran out) has no `children`, as at the
+            # depth limit; `[]` means walked and empty.
+            walked.append(item)
             truncated = True
-            break
-        try:
-            child = os.open(name, DIR_FLAGS, dir_fd=fd)
-        except OSError:
-            continue  # swapped for a link or removed meanwhile
-        try:
-            deeper[path], cut = subtree(child, path, depth - 1, budget)
-        finally:
-            os.close(child)
-        truncated = truncated or cut
-    # A folder that was not walked (the budget ran out, or it vanished) has no `children`, as at
-    # the depth limit; `[]` means walked and empty.
-    return [
-        msgspec.structs.replace(e, children=deeper[e.path]) if e.path in deeper else e for e in found
-    ], truncated
+        else:
+            kids, cut = subtree(index, item.path, depth - 1, budget)
+            walked.append(msgspec.structs.replace(item, children=kids))
+            truncated = truncated or cut
+    return walked, truncated
 
 
 class FilesController(Controller):
     path = "/api"
+    dependencies = {"chosen": Provide(chosen_version, sync_to_thread=False)}
 
     async def workspace(
-        self, db: AsyncSession, gw: GatewayState, session_id: str, path: str
-    ) -> tuple[Path, list[str]]:
+        self, db: AsyncSession, gw: GatewayState, session_id: str, path: str, chosen: Chosen
+    ) -> tuple[WorkspaceIndex, str]:
+        """The chosen version's index and the normalised path asked for."""
         session = await load_session(db, session_id)
         try:
             parts = parts_of(path)
         except OutsideTree:
             raise not_found("file") from None
-        root = find_workspace(gw.settings.workspaces_dir, session.workspace_id)
-        if root is None:
-            raise not_found("file")  # no Turn has run in this session yet
-        return root, parts
+        run_id = None if chosen.run_id is None else parse_uuid(chosen.run_id)
+        if chosen.run_id is not None and run_id is None:
+            raise not_found("workspace version")
+        row = await workspace_versions.version_row(
+            db, session.workspace_id, version=chosen.version, run_id=run_id
+        )
+        if row is None:
+            if chosen.version is None and chosen.run_id is None:
+                return EMPTY_INDEX, "/".join(parts)  # no Turn has left a version yet
+            raise not_found("workspace version")
+        return await self.index_of(db, gw, row.manifest_sha256), "/".join(parts)
 
     @staticmethod
-    async def confined(call: Any, *args: Any) -> Any:
-        try:
-            return await asyncio.to_thread(call, *args)
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            raise not_found("file") from None
+    async def index_of(db: AsyncSession, gw: GatewayState, sha256: str) -> WorkspaceIndex:
+        index = gw.manifests.get(sha256)
+        if index is not None:
+            return index
+        encoded = await db.scalar(select(WorkspaceManifest.entries).where(WorkspaceManifest.sha256 == sha256))
+        if encoded is None:  # a foreign key makes this impossible; answered, not crashed on
+            raise not_found("workspace version")
+        index = await asyncio.to_thread(WorkspaceIndex.decode, encoded)  # a large one takes a while
+        gw.manifests.put(sha256, index)
+        return index
 
     @get("/files")
     async def list_files(
@@ -235,12 +238,13 @@ class FilesController(Controller):
         *,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        chosen: NamedDependency[Chosen],
         session_id: SessionId,
         path: PathParam = "",
     ) -> Listing:
-        root, parts = await self.workspace(db, gw, session_id, path)
-        items, truncated = await self.confined(list_dir, root, parts)
-        return Listing(session_id=session_id, path=normalized(parts), items=items, truncated=truncated)
+        index, folder = await self.workspace(db, gw, session_id, path, chosen)
+        items, truncated = list_folder(index, folder)
+        return Listing(session_id=session_id, path=folder, items=items, truncated=truncated)
 
     @get("/files/stat")
     async def stat_file(
@@ -248,12 +252,12 @@ class FilesController(Controller):
         *,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        chosen: NamedDependency[Chosen],
         session_id: SessionId,
         path: PathParam = "",
     ) -> Entry:
-        root, parts = await self.workspace(db, gw, session_id, path)
-        found: Entry = await self.confined(stat_path, root, parts)
-        return found
+        index, found = await self.workspace(db, gw, session_id, path, chosen)
+        return stat_path(index, found)
 
     @get("/files/content")
     async def file_content(
@@ -261,21 +265,30 @@ class FilesController(Controller):
         *,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        chosen: NamedDependency[Chosen],
         session_id: SessionId,
         path: PathParam,
         max_chars: Annotated[int, QueryParameter(ge=1, le=200_000)] = 20_000,
         cursor: Annotated[str, QueryParameter(max_length=20, pattern=r"^[0-9]*$")] = "",
     ) -> Content:
-        root, parts = await self.workspace(db, gw, session_id, path)
+        index, found = await self.workspace(db, gw, session_id, path, chosen)
+        entry = index.file(found)
+        if entry is None:
+            raise not_found("file")
         offset = int(cursor or 0)
-        text, following, size = await self.confined(read_text, root, parts, offset, max_chars)
+        if offset > entry.size:
+            raise ApiError(422, "validation_error", "cursor: past the end of the file")
+        end = min(entry.size, offset + max_chars + 3)  # room for one whole character past the page
+        chunks = await opened(gw.blobs, object_key(entry.sha256), offset, end, what="file")
+        raw = b"".join([chunk async for chunk in chunks])
+        text, following = page_of(raw, offset, entry.size, max_chars)
         return Content(
             session_id=session_id,
-            path=normalized(parts),
+            path=found,
             content=text,
             cursor=str(offset),
             next_cursor=None if following is None else str(following),
-            byte_size=size,
+            byte_size=entry.size,
         )
 
     @get("/volume/tree")
@@ -284,10 +297,29 @@ class FilesController(Controller):
         *,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        chosen: NamedDependency[Chosen],
         session_id: SessionId,
         root: PathParam = "",
         depth: Annotated[int, QueryParameter(ge=1, le=8)] = 3,
     ) -> Tree:
-        folder, parts = await self.workspace(db, gw, session_id, root)
-        top, truncated = await self.confined(build_tree, folder, parts, depth)
+        index, folder = await self.workspace(db, gw, session_id, root, chosen)
+        top, truncated = build_tree(index, folder, depth)
         return Tree(session_id=session_id, root=top, truncated=truncated)
+
+    @get("/sessions/{session_id:str}/workspace/versions")
+    async def list_versions(
+        self,
+        *,
+        db: NamedDependency[AsyncSession],
+        session_id: FromPath[str],
+        limit: Annotated[int, QueryParameter(ge=1, le=100)] = 50,
+        before_version: Annotated[int | None, QueryParameter(ge=1, le=MAX_INT32)] = None,
+    ) -> WorkspaceVersionPage:
+        """The session's workspace versions, newest first: one per Turn that left its files."""
+        session = await load_session(db, session_id)
+        rows = await workspace_versions.version_page(
+            db, session.workspace_id, before_version=before_version, limit=limit
+        )
+        items = [WorkspaceVersionOut.of(row, iso) for row in rows]
+        more = len(rows) == limit and rows[-1].version > 1
+        return WorkspaceVersionPage(items, rows[-1].version if more else None)

@@ -1,4 +1,4 @@
-"""Sessions: create, list, read, rename or archive, and the task checkpoint."""
+"""Sessions: create, list, read, rename or archive, fork, and the task checkpoint."""
 
 from __future__ import annotations
 
@@ -15,13 +15,16 @@ from fleet_gateway.schemas import (
     MAX_INT32,
     NO_NUL,
     CreateSession,
+    ForkSession,
     SessionOut,
     SessionPage,
     TaskOut,
     UpdateSession,
 )
+from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
 from fleet_shared.db import queries
+from fleet_shared.db.forks import fork_session
 from fleet_shared.db.models import Session
 from fleet_shared.ids import parse_uuid
 
@@ -86,3 +89,23 @@ class SessionController(Controller):
     async def get_task(self, db: NamedDependency[AsyncSession], session_id: FromPath[str]) -> TaskOut:
         """The bounded goal-and-progress checkpoint, as the last commit wrote it (docs/rlm.md)."""
         return TaskOut.of(await load_session(db, session_id))
+
+    @post("/{session_id:str}/fork", status_code=201)
+    async def fork(
+        self,
+        db: NamedDependency[AsyncSession],
+        gw: NamedDependency[GatewayState],
+        session_id: FromPath[str],
+        data: JSONBody[ForkSession | None] = None,
+    ) -> SessionOut:
+        """A new session that starts from this one's committed state: the Turns of its ended
+        Runs, its task checkpoint and its workspace versions (rows only; no file is copied).
+        From then on each has its own history and workspace. A Run still in progress is not
+        part of the fork (docs/api.md)."""
+        parent = await load_session(db, session_id)
+        await db.commit()  # the fork runs in a transaction of its own (fleet_shared.db.forks)
+        title = None if data is None or data.title is msgspec.UNSET else data.title.strip()
+        forked = await fork_session(gw.sessions, parent.id, title)
+        if forked is None:
+            raise not_found("session")
+        return SessionOut.of(forked, iso)

@@ -46,7 +46,8 @@ class WorkspaceManifest(Base):
 
 
 class WorkspaceVersion(Base):
-    """What a workspace held after one Run (or, version 1 of a fork, what its parent held)."""
+    """What a workspace held after one Run. A fork starts with copies of its parent's rows (the
+    same numbers, manifests and Runs), so its history reads the same in both."""
 
     __tablename__ = "workspace_versions"
 

@@ -3,10 +3,11 @@ and the new one a Run's commit records (fleet_shared.manifests says what a versi
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import select, update
+from sqlalchemy import BigInteger, String, insert, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -101,3 +102,54 @@ def add_manifest_on(db: OrmSession, manifest: Manifest) -> str:
     insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
     db.execute(insert(WorkspaceManifest).values(**values).on_conflict_do_nothing(index_elements=["sha256"]))
     return sha256
+
+
+class VersionSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One version as a listing shows it: its number, the Run that left it, and its size."""
+
+    version: int
+    run_id: str | None
+    created_at: datetime
+    file_count: int
+    byte_size: int
+
+
+async def version_page(
+    db: AsyncSession, workspace_id: str, *, before_version: int | None, limit: int
+) -> list[VersionSummary]:
+    """The workspace's versions below `before_version` (all, without it), newest first."""
+    query = (
+        select(
+            WorkspaceVersion.version,
+            WorkspaceVersion.run_id,
+            WorkspaceVersion.created_at,
+            WorkspaceManifest.file_count,
+            WorkspaceManifest.byte_size,
+        )
+        .join(WorkspaceManifest, WorkspaceManifest.sha256 == WorkspaceVersion.manifest_sha256)
+        .where(WorkspaceVersion.workspace_id == workspace_id)
+        .order_by(WorkspaceVersion.version.desc())
+        .limit(limit)
+    )
+    if before_version is not None:
+        query = query.where(WorkspaceVersion.version < before_version)
+    rows = await db.execute(query)
+    return [
+        VersionSummary(version=v, run_id=r, created_at=c, file_count=f, byte_size=b) for v, r, c, f, b in rows
+    ]
+
+
+def copy_versions_on(db: OrmSession, source_id: str, target_id: str, up_to: int) -> None:
+    """A fork's versions: the source's first `up_to`, same numbers, manifests and Runs, in the
+    caller's transaction. Rows only: the manifests and their objects are shared, and the copies
+    add no bytes (`added_bytes` 0), so no quota counts them twice."""
+    copied = select(
+        literal(target_id, String),
+        WorkspaceVersion.version,
+        WorkspaceVersion.manifest_sha256,
+        WorkspaceVersion.run_id,
+        literal(0, BigInteger),
+        WorkspaceVersion.created_at,
+    ).where(WorkspaceVersion.workspace_id == source_id, WorkspaceVersion.version <= up_to)
+    columns = ["workspace_id", "version", "manifest_sha256", "run_id", "added_bytes", "created_at"]
+    db.execute(insert(WorkspaceVersion).from_select(columns, copied))

@@ -30,10 +30,10 @@ from pathlib import Path
 import structlog
 
 from fleet_shared.confined import DIR_FLAGS, FILE_FLAGS, opened_dir, opened_inside, walk
-from fleet_shared.manifests import FileEntry, Manifest
+from fleet_shared.manifests import WORKSPACE_DIRS, FileEntry, Manifest
 from fleet_worker.sandbox.provider import Captured, OverQuota, Room, no_quota
 from fleet_worker.sandbox.removal import empty_folder
-from fleet_worker.sandbox.workspace import WORKSPACE_DIRS, ensure_dir, prepare_layout
+from fleet_worker.sandbox.workspace import ensure_dir, prepare_layout
 from fleet_worker.workspace_objects import COPY_CHUNK, WorkspaceObjects
 
 log = structlog.get_logger(__name__)

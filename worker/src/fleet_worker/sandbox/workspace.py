@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from fleet_shared.confined import DIR_FLAGS, Unwalkable, opened_dir, opened_inside, parts_of, walk
+from fleet_shared.manifests import WORKSPACE_DIRS
 from fleet_worker.sandbox.provider import FileStamp, Writable
 
-WORKSPACE_DIRS = ("memory", "skills", "attachments", "artifacts")
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID
 
 

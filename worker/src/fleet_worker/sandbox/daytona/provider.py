@@ -37,7 +37,7 @@ from daytona import (
 )
 
 from fleet_shared.config import DaytonaSection, Settings
-from fleet_shared.manifests import Manifest
+from fleet_shared.manifests import WORKSPACE_DIRS, Manifest
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.daytona.errors import run_failure
 from fleet_worker.sandbox.daytona.files import DaytonaWorkspaceFiles
@@ -46,7 +46,6 @@ from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.jail import DRIVER_SOURCE, OUTPUT_FD_PLACEHOLDER, LaunchSpec
 from fleet_worker.sandbox.provider import Captured, Room, ScratchLease, no_quota
 from fleet_worker.sandbox.session import ReplSession
-from fleet_worker.sandbox.workspace import WORKSPACE_DIRS
 from fleet_worker.workspace_objects import WorkspaceObjects
 
 log = structlog.get_logger(__name__)

@@ -31,13 +31,12 @@ from typing import Any
 import structlog
 from daytona import DaytonaNotFoundError, FileUpload
 
-from fleet_shared.manifests import FileEntry, Manifest
+from fleet_shared.manifests import WORKSPACE_DIRS, FileEntry, Manifest
 from fleet_worker.sandbox.daytona.files import DaytonaWorkspaceFiles, RemoteReader
 from fleet_worker.sandbox.daytona.listing import Listed, plain_name, walk
 from fleet_worker.sandbox.errors import SandboxError
 from fleet_worker.sandbox.provider import Captured, OverQuota, Room, no_quota
 from fleet_worker.sandbox.sync import addressable, parents_of
-from fleet_worker.sandbox.workspace import WORKSPACE_DIRS
 from fleet_worker.workspace_objects import WorkspaceObjects
 
 log = structlog.get_logger(__name__)
