@@ -10,15 +10,14 @@ import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import boto3
 import msgspec
 import pytest
 from moto.server import ThreadedMotoServer
 
 from fleet_shared.blobs import BlobMissing, BlobStore, open_blob_store
 from fleet_shared.config import ConfigError, Settings, load_settings
+from tests.support.blob_ages import s3_client
 from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,31 +29,13 @@ S3_ENV = {
 }
 
 
-def s3_client(endpoint: str) -> Any:
-    """boto3, to look at the bucket from outside (moto accepts any credentials)."""
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-    )
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-    )
-    client.create_bucket(Bucket=BUCKET)
+    s3_client(endpoint).create_bucket(Bucket=BUCKET)
     yield endpoint
     server.stop()
 
@@ -124,13 +105,7 @@ def test_s3_backend_round_trip_at_the_http_boundary(tmp_path: Path, s3_endpoint:
     store = open_blob_store(settings)
     assert store.description == f"s3 bucket {BUCKET}"
     asyncio.run(exercise(store, tmp_path))
-    listed = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-    ).list_objects_v2(Bucket=BUCKET)
+    listed = s3_client(s3_endpoint).list_objects_v2(Bucket=BUCKET)
     assert [o["Key"] for o in listed["Contents"]] == ["fleet/attachments/b"]  # the prefix is kept
 
 

@@ -1,4 +1,4 @@
-"""`fleet`: the process commands (up, cli, gateway, worker, db, daytona, doctor)."""
+"""`fleet`: the process commands (up, cli, gateway, worker, db, daytona, doctor, gc)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_commands = doctor.add_subparsers(dest="doctor_command", required=False)
     doctor_commands.add_parser("daytona", help="create a disposable sandbox, run a cell, delete it")
 
+    gc = commands.add_parser(
+        "gc", help="remove stored objects and manifests nothing refers to, older than a grace period"
+    )
+    gc.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    gc.add_argument(
+        "--grace-seconds",
+        type=float,
+        help="remove only what is older than this (default: storage.gc_grace_seconds)",
+    )
+    gc.add_argument(
+        "--no-lock",
+        action="store_true",
+        help="run without Redis and its lock (only when no other gc can run: no worker is up)",
+    )
+
     db = commands.add_parser("db", help="database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     db_commands.add_parser("upgrade", help="migrate the database to head")
@@ -105,8 +120,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code)
 
 
-# The sides of fleet each command needs (fleet-cli's extras); `fleet db` and `fleet doctor` run
-# on any install.
+# The sides of fleet each command needs (fleet-cli's extras); `fleet db`, `fleet doctor` and
+# `fleet gc` run on any install.
 COMMAND_SIDES = {
     "up": ("gateway", "worker", "embedded"),
     "cli": ("gateway", "worker", "embedded"),
@@ -147,6 +162,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from fleet_cli.doctor import run_doctor
 
         return run_doctor(as_json=args.json)
+    if args.command == "gc":
+        from fleet_cli.gc import run_gc
+
+        return run_gc(dry_run=args.dry_run, grace_seconds=args.grace_seconds, lock=not args.no_lock)
     return run_db(args.db_command)
 
 

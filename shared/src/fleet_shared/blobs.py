@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import obstore
 from obstore.exceptions import BaseError as BlobStoreError
@@ -23,9 +24,20 @@ if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
 CHUNK_BYTES = 256 * 1024
+LIST_PAGE = 1000  # keys per listing request (S3's own most)
+ATTACHMENTS = "attachments/"
+ARTIFACTS = "artifacts/"
 
 
-__all__ = ["BlobMissing", "BlobStore", "BlobStoreError", "open_blob_store"]
+__all__ = ["BlobMissing", "BlobStore", "BlobStoreError", "StoredObject", "open_blob_store"]
+
+
+def attachment_key(attachment_id: str) -> str:
+    return f"{ATTACHMENTS}{attachment_id}"
+
+
+def artifact_key(artifact_id: str) -> str:
+    return f"{ARTIFACTS}{artifact_id}"
 
 
 class Sink(Protocol):
@@ -34,6 +46,12 @@ class Sink(Protocol):
 
 class BlobMissing(Exception):
     """The store has no object under this key."""
+
+
+class StoredObject(NamedTuple):
+    key: str
+    size: int
+    last_modified: datetime  # when it was last put (tz-aware)
 
 
 class BlobStore:
@@ -87,6 +105,24 @@ class BlobStore:
     async def delete(self, key: str) -> None:
         with contextlib.suppress(NotFoundError, FileNotFoundError):
             await obstore.delete_async(self.store, key)
+
+    async def listing(self, prefix: str, page: int = LIST_PAGE) -> AsyncIterator[list[StoredObject]]:
+        """The objects under `prefix`, a page at a time (one listing request each): a store of
+        any size is listed in bounded memory."""
+        async for chunk in obstore.list(self.store, prefix, chunk_size=page):
+            yield [StoredObject(meta["path"], meta["size"], meta["last_modified"]) for meta in chunk]
+
+    async def delete_if_older(self, key: str, cutoff: datetime) -> bool:
+        """Delete `key` only if it was last put before `cutoff`, as a HEAD just before says;
+        whether it was deleted. A put since it was listed (its content needed again) keeps it."""
+        try:
+            meta = await obstore.head_async(self.store, key)
+        except (NotFoundError, FileNotFoundError):
+            return False
+        if meta["last_modified"] >= cutoff:
+            return False
+        await self.delete(key)
+        return True
 
 
 def open_blob_store(settings: Settings) -> BlobStore:

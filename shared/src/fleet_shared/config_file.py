@@ -12,8 +12,8 @@ import msgspec
 
 # What the settings API (PATCH /api/settings) may change is declared here, beside each key, in
 # its type's metadata (fleet_shared.settings_policy reads it):
-# - FILE_ONLY: a key that chooses a host path, an executable, an identity or an exposure. Only
-#   whoever edits the file on disk may change it; a request never can.
+# - FILE_ONLY: a key that chooses a host path, an executable, an identity, an exposure or what is
+#   deleted. Only whoever edits the file on disk may change it; a request never can.
 # - SETTINGS_ENV: a key naming an environment variable, with the names a request may give it. A
 #   `*_env` key without one is file-only.
 FILE_ONLY = {"file_only": True}
@@ -178,6 +178,15 @@ class StorageSection(Section):
     # A worker's local copy of workspace contents it fetched or stored (scratch: evicted least
     # recently used first past this bound; 0 keeps none). Unused with the local backend.
     workspace_cache_mb: Annotated[int, msgspec.Meta(ge=0, le=1_048_576)] = 2_048
+    # The versions of a workspace that stay readable: the commit that records version N deletes
+    # the rows of versions up to N minus this, and gc then removes what only they referred to.
+    # Both keys decide what is deleted, so only the file on disk sets them.
+    workspace_versions_kept: Annotated[int, msgspec.Meta(ge=1, le=1_000_000, extra=FILE_ONLY)] = 50
+    # gc removes only unreferenced objects older than this: an upload whose commit is still under
+    # way is younger (it must outlast the longest upload plus its Turn's settlement).
+    gc_grace_seconds: Annotated[float, msgspec.Meta(ge=60, le=30 * 86_400, extra=FILE_ONLY)] = 3_600
+    # How often each worker offers to run gc (one at a time across the deployment; 0: never).
+    gc_interval_seconds: Annotated[float, msgspec.Meta(ge=0, le=7 * 86_400)] = 3_600
 
 
 class WorkerSection(Section):

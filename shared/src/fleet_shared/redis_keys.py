@@ -65,3 +65,13 @@ WORKER_SANDBOX_PATTERN = f"{PREFIX}:worker:*:sandbox"
 def sweeper() -> str:
     """Held for one sweep interval by the process that sweeps for lost Runs this time."""
     return f"{PREFIX}:sweeper"
+
+
+def gc_lock(queue: str) -> str:
+    """Held (with a TTL, renewed) by the one gc running for the deployment that uses `queue`."""
+    return f"{PREFIX}:gc:{queue}:lock"
+
+
+def gc_done(queue: str) -> str:
+    """Set (expiring) when a gc has finished: workers' schedules skip their turn while it lives."""
+    return f"{PREFIX}:gc:{queue}:done"

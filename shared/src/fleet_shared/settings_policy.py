@@ -2,10 +2,10 @@
 
 The settings API edits the file every process starts from, so a request must never be able to
 make the host run or read something of its choosing. `fleet_shared.config_file` marks each key
-that chooses a host path, an executable, an identity or an exposure as file-only, and gives each
-key that names an environment variable the names a request may use. This module resolves a dotted
-key through the schema and refuses what those marks forbid; a key the schema does not know is
-refused too, before any file is read.
+that chooses a host path, an executable, an identity, an exposure or what is deleted as
+file-only, and gives each key that names an environment variable the names a request may use.
+This module resolves a dotted key through the schema and refuses what those marks forbid; a key
+the schema does not know is refused too, before any file is read.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def check_change(key: str, value: object) -> None:
     rule = rule_for(key)
     if rule.file_only:
         raise InvalidSettingChange(
-            f"{key}: chooses a host path, an executable, an identity or what is exposed; only the "
-            "file on disk can change it, never a request"
+            f"{key}: chooses a host path, an executable, an identity, what is exposed or what is "
+            "deleted; only the file on disk can change it, never a request"
         )
     if rule.is_table:
         if value is not None:

@@ -166,3 +166,8 @@ def test_worker_refuses_a_blank_metrics_host(
     assert exit_code(["worker", "--metrics-host", host]) == 2  # before it binds every interface
     err = capsys.readouterr().err.strip()
     assert "--metrics-host" in err and "\n" not in err.strip("'\\n")
+
+
+def test_gc_rejects_a_negative_grace(capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_code(["gc", "--grace-seconds", "-1"]) == 2
+    assert capsys.readouterr().err == "fleet: --grace-seconds must be 0 or more\n"

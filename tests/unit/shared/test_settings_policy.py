@@ -48,6 +48,9 @@ FILE_ONLY = [
     {"profiles.offline.storage.blobs.backend": "s3"},
     {"profiles.offline.storage.blobs.local_dir": "/tmp/b"},
     {"profiles.offline.storage.blobs.s3_endpoint_env": "FLEET_S3_ENDPOINT"},
+    # What is deleted: history (versions kept) and uploads under way (gc's grace).
+    {"profiles.offline.storage.workspace_versions_kept": 1},
+    {"profiles.offline.storage.gc_grace_seconds": 60},
     {"profiles.offline.llm.root.script": "/srv/fleet/.fleet/workspaces/ws/memory/s.jsonl"},
     {"profiles.offline.gateway.auth.token_env": "FLEET_LM_MODEL"},
     {"profiles.offline.gateway.allowed_hosts": ["*"]},

@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from fleet_shared import redis_keys
+from fleet_shared.blob_gc import collect_on_schedule
 from fleet_shared.blobs import BlobStore, open_blob_store
 from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, dispose_engine, session_factory
@@ -112,14 +113,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
         )
         ctx["announce"] = asyncio.create_task(announce_sandbox(redis, worker_id, sandboxes.mode))
         if not burst:  # a burst worker (tests) sweeps only when asked
-            ctx["sweeper"] = sweeper = make_sweeper(deps)
-            sweep = sweeper.run_forever(SWEEP_INTERVAL_SECONDS)
-            ctx["sweep"] = asyncio.create_task(sweep, name="fleet-sweep")
-            if settings.profile.sandbox.provider == "daytona":
-                ctx["daytona_sweep"] = asyncio.create_task(sweep_daytona(deps), name="fleet-daytona-sweep")
-            if isinstance(sandboxes, LocalSandboxProvider):
-                scratch = sweep_scratch_forever(deps, sandboxes)
-                ctx["scratch_sweep"] = asyncio.create_task(scratch, name="fleet-scratch-sweep")
+            start_background_loops(ctx, deps)
         log.info("worker.started", queue=queue, concurrency=concurrency, sandbox=sandboxes.mode)
 
     async def shutdown(ctx: dict[str, Any]) -> None:
@@ -127,10 +121,11 @@ def build_worker(settings: Settings, *, burst: bool = False) -> Worker:
             return
         await waker.stop()
         sweeper: Sweeper | None = ctx.get("sweeper")
-        for name in ("sweep", "announce", "daytona_sweep", "scratch_sweep"):
+        stops = {"sweep": sweeper.stopping if sweeper else None, "gc": ctx.get("gc_stopping")}
+        for name in ("sweep", "announce", "daytona_sweep", "scratch_sweep", "gc"):
             task: asyncio.Task[None] | None = ctx.get(name)
             if task is not None:
-                await stop_loop(name, task, sweeper.stopping if name == "sweep" and sweeper else None)
+                await stop_loop(name, task, stops.get(name))
         deps: WorkerDeps | None = ctx.get("deps")
         if deps is not None:
             await bounded("cancels.stop", deps.cancels.stop)
@@ -226,6 +221,27 @@ class JobWaker:
                     await worker.start_jobs(job_ids)
             except Exception as exc:  # never die: arq's own poll still runs, and reports Redis faults
                 log.warning("worker.wake_poll_failed", error_type=type(exc).__name__, error=str(exc))
+
+
+def start_background_loops(ctx: dict[str, Any], deps: WorkerDeps) -> None:
+    """The sweep for lost Runs, the sandbox sweeps and the scheduled gc, as tasks in `ctx` (the
+    shutdown stops them by name)."""
+    settings, sandboxes = deps.settings, deps.sandboxes
+    ctx["sweeper"] = sweeper = make_sweeper(deps)
+    ctx["sweep"] = asyncio.create_task(sweeper.run_forever(SWEEP_INTERVAL_SECONDS), name="fleet-sweep")
+    if settings.profile.sandbox.provider == "daytona":
+        ctx["daytona_sweep"] = asyncio.create_task(sweep_daytona(deps), name="fleet-daytona-sweep")
+    if isinstance(sandboxes, LocalSandboxProvider):
+        scratch = sweep_scratch_forever(deps, sandboxes)
+        ctx["scratch_sweep"] = asyncio.create_task(scratch, name="fleet-scratch-sweep")
+    storage = settings.profile.storage
+    if storage.gc_interval_seconds > 0:
+        ctx["gc_stopping"] = stopping = asyncio.Event()
+        queue = settings.profile.worker.queue_name
+        gc = collect_on_schedule(
+            deps.redis, deps.sessions, deps.blobs, queue=queue, storage=storage, stopping=stopping
+        )
+        ctx["gc"] = asyncio.create_task(gc, name="fleet-gc")
 
 
 async def sweep_daytona(deps: WorkerDeps) -> None:

@@ -25,7 +25,7 @@ from typing import IO
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session as OrmSession
 
-from fleet_shared.blobs import BlobStore
+from fleet_shared.blobs import BlobStore, artifact_key
 from fleet_shared.config_file import StorageSection
 from fleet_shared.db.files import (
     StorageQuota,
@@ -198,7 +198,7 @@ class Keeper:
                 return None
             self.check_quota(copied.size)
             artifact_id = new_id()
-            self.blobs.put_file(f"artifacts/{artifact_id}", Path(copy.name))
+            self.blobs.put_file(artifact_key(artifact_id), Path(copy.name))
         self.stored.usage = self.stored.usage.plus(copied.size)
         self.stored.checksums[name] = copied.sha256
         return announcement(self.sink.sequencer.run_id, artifact_id, name, copied)

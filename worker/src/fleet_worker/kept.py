@@ -97,5 +97,6 @@ async def keep_workspace(
         seen_version=workspace.version,
         manifest=captured.manifest,
         added_bytes=captured.added_bytes,
+        versions_kept=deps.settings.profile.storage.workspace_versions_kept,
     )
     return outcome, change

@@ -13,7 +13,7 @@ from typing import Literal
 
 import structlog
 
-from fleet_shared.blobs import BlobMissing, BlobStore
+from fleet_shared.blobs import BlobMissing, BlobStore, attachment_key
 from fleet_shared.events import AttachmentStaged, SkillUsed
 from fleet_worker.conversation import AttachmentRef, SkillRef
 from fleet_worker.errors import TurnFailed
@@ -51,7 +51,7 @@ def stage_attachments(
     for attachment, name in zip(attachments, staged_names(attachments), strict=True):
         with tempfile.NamedTemporaryFile(prefix="fleet-attachment-") as copy:
             try:
-                blobs.download(f"attachments/{attachment.id}", copy)
+                blobs.download(attachment_key(attachment.id), copy)
             except BlobMissing:
                 raise TurnFailed(
                     f"the bytes of attachment {attachment.id} are missing from storage; upload it again",

@@ -18,7 +18,7 @@ from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.schemas import ArtifactOut
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
-from fleet_shared.blobs import BlobMissing, BlobStore, BlobStoreError
+from fleet_shared.blobs import BlobMissing, BlobStore, BlobStoreError, artifact_key
 from fleet_shared.db import files
 from fleet_shared.db.models import Artifact
 from fleet_shared.ids import parse_uuid
@@ -143,6 +143,6 @@ class ArtifactController(Controller):
         if span is not None:
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        key = f"artifacts/{row.id}"
+        key = artifact_key(row.id)
         content = await opened(gw.blobs, key, start, end)
         return Stream(content, status_code=status, media_type=row.media_type, headers=headers)

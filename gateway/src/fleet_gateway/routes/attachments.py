@@ -25,6 +25,7 @@ from fleet_gateway.schemas import AttachmentOut
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
 from fleet_gateway.upload_gate import UploadGate, client_of
+from fleet_shared.blobs import attachment_key
 from fleet_shared.db import files
 from fleet_shared.db.files import StorageQuota, quota_refusal, stored_bytes
 from fleet_shared.ids import new_id, parse_uuid
@@ -189,7 +190,7 @@ class AttachmentController(Controller):
             raise
         attachment_id = new_id()
         try:
-            await gw.blobs.put_file_async(f"attachments/{attachment_id}", received.path)
+            await gw.blobs.put_file_async(attachment_key(attachment_id), received.path)
         except Exception as exc:
             log.warning("attachment.store_failed", error_type=type(exc).__name__, store=gw.blobs.description)
             raise ApiError(503, "service_unavailable", "the attachment could not be stored; retry") from None

@@ -60,6 +60,9 @@ def fork_on(db: OrmSession, parent_id: str, title: str | None) -> Session | None
     source = db.get(Workspace, parent.workspace_id)
     latest = source.version if source is not None else 0
     if latest:
+        # Manifests the fork will refer to are renewed first, as a commit's are: a gc running
+        # meanwhile cannot remove one (retention may drop the parent's last reference).
+        workspace_versions.renew_manifests_of_on(db, parent.workspace_id, latest)
         workspace_versions.copy_versions_on(db, parent.workspace_id, workspace.id, latest)
         workspace.version = latest
     fork = Session(
