@@ -23,9 +23,9 @@ from fleet_gateway.routes.files import MAX_LIST, MAX_TREE_ENTRIES, timestamp
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import ResolvedBlobs, Settings, load_settings
 from fleet_shared.db.engine import create_engine, run_whole, session_factory
-from fleet_shared.db.models import Artifact
+from fleet_shared.db.models import Artifact, Workspace
 from fleet_shared.db.queries import Claimed, claim_turn, now
-from fleet_shared.db.workspace_versions import WorkspaceChange, record_on, state_on
+from fleet_shared.db.workspace_versions import WorkspaceChange, record_on
 from fleet_shared.manifests import FileEntry, Manifest, object_key
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,7 +90,8 @@ def record_version(
         entries.append(FileEntry(path, len(data), 0o644, sha256, mtime_ns))
 
     def commit(db: Any) -> int:
-        seen = state_on(db, workspace_id).version
+        workspace = db.get(Workspace, workspace_id)
+        seen = workspace.version if workspace is not None else 0
         change = WorkspaceChange(workspace_id=workspace_id, seen_version=seen, manifest=Manifest.of(entries))
         assert record_on(db, change, run_id)
         db.commit()

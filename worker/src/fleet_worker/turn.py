@@ -23,7 +23,6 @@ from fleet_shared.checkpoint import next_task
 from fleet_shared.config import Settings
 from fleet_shared.db import queries, runs, workspace_versions
 from fleet_shared.db.engine import run_whole
-from fleet_shared.db.models import Session
 from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import Answer, ChildProgress, StatusChanged, Warning
 from fleet_shared.manifests import WorkspaceState
@@ -149,8 +148,9 @@ def claim_on(db: OrmSession, run_id: str) -> Claim | None:
     run = runs.start_run_on(db, run_id)
     if run is None:
         return None
-    session = db.get(Session, run.session_id)
-    assert session is not None
+    found = workspace_versions.session_state_on(db, run.session_id)
+    assert found is not None
+    session, workspace = found
     return Claim(
         run_id=run.id,
         session_id=run.session_id,
@@ -160,7 +160,7 @@ def claim_on(db: OrmSession, run_id: str) -> Claim | None:
         started=time.monotonic(),
         checkpoint_version=session.checkpoint_version,
         task=session.task,
-        workspace=workspace_versions.state_on(db, session.workspace_id),
+        workspace=workspace,
     )
 
 
