@@ -46,5 +46,6 @@ def downgrade() -> None:
     op.drop_index("ix_workspace_versions_manifest_sha256", table_name="workspace_versions")
     op.drop_table("workspace_versions")
     op.drop_table("workspace_manifests")
-    with op.batch_alter_table("workspaces") as batch:
-        batch.drop_column("version")
+    # Plain ALTER TABLE … DROP COLUMN (SQLite has it since 3.35): a batch copy of `workspaces`
+    # would trip the foreign key of `sessions`.
+    op.drop_column("workspaces", "version")
