@@ -8,9 +8,10 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from bench import fanout, live, recovery, sandbox, scale, soak, turn
+from bench import fanout, live, recovery, sandbox, scale, soak, turn, workspace
 from bench.report import write_report
 
 LANES: dict[str, Callable[..., dict[str, Any]]] = {
@@ -20,9 +21,10 @@ LANES: dict[str, Callable[..., dict[str, Any]]] = {
     "scale": scale.run,
     "recovery": recovery.run,
     "soak": soak.run,
+    "workspace": workspace.run,
     "live": live.run,
 }
-ORDER = ["turn", "sandbox", "fanout", "scale", "recovery", "soak", "live"]
+ORDER = ["turn", "sandbox", "fanout", "scale", "recovery", "soak", "workspace", "live"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few samples, small N (a smoke run)")
     parser.add_argument("--streams", help="fanout: comma-separated stream counts, e.g. 100,2000")
     parser.add_argument("--turns", type=int, help="soak: how many Turns")
+    parser.add_argument("--base", type=Path, help="workspace: a checkout before versions (the Turn goal)")
+    parser.add_argument("--base-python", help="workspace: that checkout's interpreter (default: its .venv's)")
     args = parser.parse_args(argv)
     if args.lanes == ["report"]:
         markdown, written = write_report()
@@ -48,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             kwargs["streams"] = tuple(int(n) for n in args.streams.split(","))
         if lane == "soak" and args.turns:
             kwargs["turns"] = args.turns
+        if lane == "workspace" and args.base:
+            kwargs.update(base=args.base.resolve(), base_python=args.base_python)
         print(f"== lane {lane}{' (quick)' if args.quick else ''}", file=sys.stderr, flush=True)
         try:
             receipt = LANES[lane](**kwargs)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import ab, fanout, harness, live, recovery, report, sandbox, scale, soak, stack, turn
+from bench import ab, fanout, harness, live, recovery, report, sandbox, scale, soak, stack, turn, workspace
 
 
 @pytest.fixture(autouse=True)
@@ -101,6 +101,44 @@ def test_the_ab_comparison_runs_two_checkouts_side_by_side() -> None:
     timing = body["figures"]["server_timing"]
     assert timing["this.claim"]["n"] == timing["base.claim"]["n"] == 4
     assert body["figures"]["base_sha"] == body["git"]["sha"]
+
+
+def test_the_ab_paired_difference_is_the_median_of_each_rounds_difference() -> None:
+    base = [0.050 + i / 1000 for i in range(20)]  # seconds; a drift both sides share
+    mine = [b + 0.002 for b in base]
+    mine[3] += 0.5  # one outlier moves the median of the differences no further than one rank
+    diff = ab.paired_difference(mine, base)
+    assert diff["n"] == 20 and diff["median_ms"] == pytest.approx(2.0)
+    assert diff["ci95_ms"] == pytest.approx([2.0, 2.0])
+    assert ab.median_interval(20) == (5, 14)  # ranks 6 and 15 of 20: the sign test's 95% interval
+    assert ab.median_interval(5) == (None, 4)  # too few samples for one
+
+
+def test_the_workspace_lane_measures_lease_starts_settlements_and_the_turn() -> None:
+    body = workspace.run(quick=True, files=20, large_mib=1, rounds=1, base=harness.REPO, turn_repeats=1,
+                         delay_s=0.05)  # fmt: skip
+    assert_receipt(body, "workspace")
+    shapes = body["parameters"]["shapes"]
+    assert shapes["small"]["files"] == 20 and shapes["large"]["files"] == 21
+    assert shapes["large"]["bytes"] - shapes["small"]["bytes"] == 2**20
+    for shape in ("small", "large"):
+        starts = body["figures"][f"lease_start_{shape}"]
+        for state in workspace.STATES:
+            assert starts[state]["n"] == 1 and starts[state]["p50_ms"] > 0
+        assert set(starts["over_today_p50_ms"]) == {"warm", "restarted", "cold"}
+    settled = body["figures"]["settlement"]
+    assert {name: stats["n"] for name, stats in settled.items()} == {
+        "unchanged_small": 1, "one_small_changed": 1, "unchanged_large": 1, "one_large_changed": 1,
+        "walk_small": 1,
+    }  # fmt: skip
+    assert body["figures"]["store_get"]["n"] == 20 and settled["walk_small"]["p50_ms"] > 0
+    # This checkout against itself: an empty workspace, then 20 files, at both LM latencies.
+    for name in ("turn_empty_delay_0", "turn_files_20_delay_0", "turn_files_20_delay_0.05"):
+        turns = body["figures"][name]
+        assert_both_sides(turns["end_to_end_same_session"])
+        assert turns["paired_diff_same_session"]["n"] == 1
+    assert [g["goal"] for g in body["goals"]] == ["warm_turn", "warm_turn_files"]
+    assert all(isinstance(g["met"], bool) for g in body["goals"])
 
 
 def test_the_ab_order_never_posts_one_sides_kind_twice_in_a_row() -> None:
