@@ -16,10 +16,12 @@ from sqlalchemy import event, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session as OrmSession
 
-from fleet_shared.db import queries, runs
+from fleet_shared.db import queries, runs, workspace_versions
 from fleet_shared.db.engine import create_engine, dispose_engine, run_whole, session_factory, sqlite_twin
 from fleet_shared.db.models import Run
+from fleet_shared.db.workspace_versions import WorkspaceChange
 from fleet_shared.events import RunCompleted
+from fleet_shared.manifests import FileEntry, Manifest, ManifestCache
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_worker.conversation import load_conversation
 from fleet_worker.settlement import commit_with_retry
@@ -65,7 +67,7 @@ async def queued_run(engine: AsyncEngine) -> str:
 async def started_run(engine: AsyncEngine) -> tuple[Claim, runs.Settlement]:
     """A Run the worker has started, and the settlement that answers it with "42"."""
     run_id = await queued_run(engine)
-    claim = await claim_run(SimpleNamespace(sessions=session_factory(engine)), run_id)  # type: ignore[arg-type]
+    claim = await claim_run(SimpleNamespace(sessions=session_factory(engine), manifests=None), run_id)  # type: ignore[arg-type]
     assert claim is not None
     answered = runs.Settlement(
         run_id=run_id, session_id=claim.session_id, attempt=claim.attempt, current=RunStatus.RUNNING,
@@ -88,7 +90,7 @@ async def test_a_runs_start_is_one_unit_and_a_duplicate_job_starts_nothing(engin
     sessions = session_factory(engine)
     run_id = await queued_run(engine)
     statements = Statements(engine)
-    deps = SimpleNamespace(sessions=sessions)
+    deps = SimpleNamespace(sessions=sessions, manifests=None)
     claim = await claim_run(deps, run_id)  # type: ignore[arg-type]
     assert claim is not None and (claim.run_id, claim.attempt, claim.user_sequence) == (run_id, 1, 1)
     assert statements.kinds() == ["UPDATE", "SELECT", "SELECT"]  # the fenced start, the Run, its session
@@ -153,3 +155,41 @@ async def test_a_turns_history_is_read_in_one_unit(engine: AsyncEngine) -> None:
     assert conversation.history == [{"request": "hi", "answer": "42"}]
     assert statements.kinds() == ["SELECT"]  # no attachments or skills: nothing else to read
     assert_run_whole(engine, statements)
+
+
+async def test_a_warm_sessions_start_reads_no_manifest_entries(engine: AsyncEngine) -> None:
+    """A version's manifest is read with the Run's start only when this worker has not decoded
+    or captured it already: a session's next Turn on the same worker costs no extra statement."""
+    sessions = session_factory(engine)
+    first = await queued_run(engine)
+    cache: ManifestCache[Manifest] = ManifestCache(1000)
+    claim = await claim_run(SimpleNamespace(sessions=sessions, manifests=cache), first)  # type: ignore[arg-type]
+    assert claim is not None and claim.workspace is not None
+    manifest = Manifest.of([FileEntry("memory/a.txt", 1, 0o644, "a" * 64, 1)])
+    change = WorkspaceChange(workspace_id=claim.workspace_id, seen_version=0, manifest=manifest)
+    await run_whole(sessions, lambda db: (workspace_versions.record_on(db, change, first), db.commit()))
+    await end_run(engine, first)
+    cold = SimpleNamespace(sessions=sessions, manifests=ManifestCache(1000))
+    for reads in (["UPDATE", "SELECT", "SELECT", "SELECT"], ["UPDATE", "SELECT", "SELECT"]):
+        run_id = await next_run(engine, claim.session_id)
+        statements = Statements(engine)
+        started = await claim_run(cold, run_id)  # type: ignore[arg-type]
+        assert started is not None and started.workspace is not None
+        assert started.workspace.manifest == manifest and started.workspace.version == 1
+        assert statements.kinds() == reads  # the second time, the entries come from the cache
+        await end_run(engine, run_id)
+
+
+async def next_run(engine: AsyncEngine, session_id: str) -> str:
+    claimed = await queries.claim_turn(
+        engine, session_id=session_id, idempotency_key=f"k-{time.monotonic_ns()}", fingerprint="f",
+        text="again", model="scripted/t",
+    )  # fmt: skip
+    assert isinstance(claimed, queries.Claimed)
+    return claimed.run.id
+
+
+async def end_run(engine: AsyncEngine, run_id: str) -> None:
+    async with session_factory(engine)() as db:
+        await db.execute(update(Run).where(Run.id == run_id).values(status="completed"))
+        await db.commit()

@@ -68,7 +68,7 @@ async def test_duplicate_job_does_nothing(harness_factory) -> None:  # type: ign
     await harness.work()
     before = await harness.events(run_id)
     engine = create_engine(harness.settings.database_url)
-    deps = SimpleNamespace(settings=harness.settings, sessions=session_factory(engine))
+    deps = SimpleNamespace(settings=harness.settings, sessions=session_factory(engine), manifests=None)
     assert await run_turn({"deps": deps, "job_try": 2}, run_id) == "duplicate"
     await engine.dispose()
     assert await harness.events(run_id) == before

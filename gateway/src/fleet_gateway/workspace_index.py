@@ -13,10 +13,9 @@ built, least recently used first out, within a bound on the entries they hold in
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import OrderedDict
 from itertools import pairwise
 
-from fleet_shared.manifests import WORKSPACE_DIRS, FileEntry, Manifest
+from fleet_shared.manifests import WORKSPACE_DIRS, FileEntry, Manifest, ManifestCache
 
 # One past "/" in code point order: every path under `folder/` sorts before `folder` + AFTER_SLASH,
 # and nothing else does that sorts after `folder/`.
@@ -87,25 +86,8 @@ def sorted_children(found: dict[str, FileEntry | None]) -> list[Child]:
 EMPTY_INDEX = WorkspaceIndex(())
 
 
-class IndexCache:
+class IndexCache(ManifestCache[WorkspaceIndex]):
     """Indexes by manifest sha256, in this process (an immutable manifest is never stale)."""
 
     def __init__(self, max_entries: int = CACHED_ENTRIES) -> None:
-        self.max_entries = max_entries
-        self.held = 0
-        self._indexes: OrderedDict[str, WorkspaceIndex] = OrderedDict()
-
-    def get(self, sha256: str) -> WorkspaceIndex | None:
-        index = self._indexes.get(sha256)
-        if index is not None:
-            self._indexes.move_to_end(sha256)
-        return index
-
-    def put(self, sha256: str, index: WorkspaceIndex) -> None:
-        if sha256 in self._indexes:
-            return
-        self._indexes[sha256] = index
-        self.held += len(index.entries)
-        while self.held > self.max_entries and len(self._indexes) > 1:
-            _sha, dropped = self._indexes.popitem(last=False)
-            self.held -= len(dropped.entries)
+        super().__init__(max_entries)

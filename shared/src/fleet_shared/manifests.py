@@ -9,7 +9,10 @@ encoding (entries sorted by path), so an unchanged workspace and a fork reuse th
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sized
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -72,3 +75,41 @@ class WorkspaceState(msgspec.Struct, frozen=True, kw_only=True):
     workspace_id: str
     version: int  # 0: nothing committed yet
     manifest: Manifest = EMPTY
+    manifest_sha256: str | None = None  # as the database names it (None: no version yet)
+
+
+class HasEntries(Protocol):
+    @property
+    def entries(self) -> Sized: ...
+
+
+T = TypeVar("T", bound=HasEntries)
+
+
+class ManifestCache(Generic[T]):
+    """Decoded manifests (or what is built from one) by sha256, least recently used first out,
+    bounded by the entries they hold in all (one larger manifest is kept alone). A manifest is
+    immutable, so a cached one is never stale. Safe to share between threads."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.held = 0
+        self._items: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, sha256: str) -> T | None:
+        with self._lock:
+            item = self._items.get(sha256)
+            if item is not None:
+                self._items.move_to_end(sha256)
+            return item
+
+    def put(self, sha256: str, item: T) -> None:
+        with self._lock:
+            if sha256 in self._items:
+                return
+            self._items[sha256] = item
+            self.held += len(item.entries)
+            while self.held > self.max_entries and len(self._items) > 1:
+                _sha, dropped = self._items.popitem(last=False)
+                self.held -= len(dropped.entries)

@@ -163,3 +163,23 @@ def test_a_manifest_round_trips_its_canonical_encoding() -> None:
     assert [e.path for e in manifest.entries] == ["a", "b"]
     decoded = Manifest.decode(manifest.encode())
     assert decoded == manifest and decoded.sha256 == Manifest.of(reversed(entries)).sha256
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files away")
+def test_a_materialised_folder_is_the_sandboxs_as_a_sanitize_pass_leaves_it(
+    tmp_path: Path, objects: WorkspaceObjects
+) -> None:
+    """The lease skips its sanitize walk after materialise, so materialise owns everything to
+    the sandbox's uid and strips setuid and setgid from what it keeps."""
+    source = tmp_path / "source"
+    source.mkdir()
+    manifest, known = first_version(source, objects)
+    folder = tmp_path / "ws"
+    folder.mkdir()
+    known = materialise(folder, manifest, {}, objects, None)
+    os.chmod(folder / "memory" / "deep", 0o2755)  # a setgid folder the host had left
+    os.chown(folder / "memory" / "note.txt", 0, 0)
+    materialise(folder, manifest, known, objects, 200_123)
+    entries = [folder, *folder.rglob("*")]
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in entries} == {(200_123, 200_123)}
+    assert not any(p.stat().st_mode & (0o4000 | 0o2000) for p in entries)

@@ -62,20 +62,27 @@ async def keep_workspace(
     workspace, sandbox = turn.claim.workspace, turn.sandbox
     if sandbox is None or workspace is None or turn.lease.lost.is_set():
         return outcome, None
-    quota = StorageQuota.of(deps.settings.profile.storage)
-    stored = await run_whole_with_retry(
-        deps.sessions,
-        functools.partial(stored_bytes_on, session_id=turn.claim.session_id),
-        deadline=deadline,
-        what="quota_read",
-    )
     # The Run's artifacts are counted once, as artifacts, though their files stay in the
     # workspace too.
     artifacts = [e for e in turn.sink.events if isinstance(e, ArtifactCreated)]
-    stored = stored.plus(sum(e.byte_size for e in artifacts))
     counted = frozenset(f"{ARTIFACTS}/{e.name}" for e in artifacts)
-    room = functools.partial(quota_refusal, quota, stored)
     loop = asyncio.get_running_loop()
+
+    async def refusal(size: int) -> str | None:
+        stored = await run_whole_with_retry(
+            deps.sessions,
+            functools.partial(stored_bytes_on, session_id=turn.claim.session_id),
+            deadline=deadline,
+            what="quota_read",
+        )
+        stored = stored.plus(sum(e.byte_size for e in artifacts))
+        return quota_refusal(StorageQuota.of(deps.settings.profile.storage), stored, size)
+
+    def room(size: int) -> str | None:
+        """Asked by the capture (on its thread) only when the Run changed files: the usage is
+        read then, never for a Turn that stores nothing."""
+        return asyncio.run_coroutine_threadsafe(refusal(size), loop).result()
+
     try:
         captured = await loop.run_in_executor(deps.sandbox_ops, sandbox.capture, room, counted)
     except OverQuota as exc:
@@ -92,11 +99,15 @@ async def keep_workspace(
                 RunCommand.FAIL, "failed", failure_code="workspace_error", failure_message=message
             )
         return outcome, None
+    sha256 = captured.manifest.sha256
+    deps.manifests.put(sha256, captured.manifest)  # the next claim's, likely
     change = WorkspaceChange(
         workspace_id=workspace.workspace_id,
         seen_version=workspace.version,
         manifest=captured.manifest,
         added_bytes=captured.added_bytes,
+        seen_manifest_sha256=workspace.manifest_sha256,
+        manifest_sha256=sha256,
         versions_kept=deps.settings.profile.storage.workspace_versions_kept,
     )
     return outcome, change

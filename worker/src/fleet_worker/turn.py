@@ -25,7 +25,7 @@ from fleet_shared.db import queries, runs, workspace_versions
 from fleet_shared.db.engine import run_whole
 from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import Answer, ChildProgress, StatusChanged, Warning
-from fleet_shared.manifests import WorkspaceState
+from fleet_shared.manifests import Manifest, ManifestCache, WorkspaceState
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker import metrics
@@ -49,6 +49,7 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 SETTLE_GRACE_SECONDS = 60.0  # the commit may retry this long past the Turn's deadline
 PUBLISH_TERMINAL_SECONDS = 30.0
+MANIFEST_ENTRIES = 200_000  # manifests' entries held at most, in all (a few hundred bytes each)
 
 
 @dataclass
@@ -66,6 +67,8 @@ class WorkerDeps:
     sandbox_ops: Executor  # acquire, interrupt, release: never queued behind a program
     cancels: ControlListener
     worker_id: str = "worker"
+    # Manifests this worker decoded or captured: a warm session's claim reads no entries.
+    manifests: ManifestCache[Manifest] = field(default_factory=lambda: ManifestCache(MANIFEST_ENTRIES))
 
 
 @dataclass(frozen=True)
@@ -141,14 +144,16 @@ async def finish_even_if_cancelled(work: Coroutine[Any, Any, T]) -> tuple[T, boo
 
 async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:
     """queued → running, attempt + 1: from here on this worker owns the Run."""
-    return await run_whole(deps.sessions, functools.partial(claim_on, run_id=run_id))
+    return await run_whole(
+        deps.sessions, functools.partial(claim_on, run_id=run_id, manifests=deps.manifests)
+    )
 
 
-def claim_on(db: OrmSession, run_id: str) -> Claim | None:
+def claim_on(db: OrmSession, run_id: str, manifests: ManifestCache[Manifest] | None = None) -> Claim | None:
     run = runs.start_run_on(db, run_id)
     if run is None:
         return None
-    found = workspace_versions.session_state_on(db, run.session_id)
+    found = workspace_versions.session_state_on(db, run.session_id, manifests)
     assert found is not None
     session, workspace = found
     return Claim(

@@ -22,7 +22,8 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -30,6 +31,7 @@ from fleet_shared.blobs import BlobStore
 from fleet_shared.manifests import object_key
 
 COPY_CHUNK = 1 << 20
+PREFETCH_THREADS = 8  # downloads in flight at once when a lease fills a cold folder
 SHA256_HEX = 64
 
 
@@ -108,6 +110,30 @@ class WorkspaceObjects:
             with open(temp, "rb") as reader:  # before the cache may take the file away
                 self._admit(sha256, temp, writer.size)
                 yield reader
+
+    def prefetch(self, wanted: Iterable[str]) -> None:
+        """Bring contents the cache lacks from the store, several at once (a cold lease start
+        would otherwise wait for one download after another). Only what the cache can hold."""
+        if self.blobs.folder is not None or self.cache_bytes <= 0:
+            return
+        with self._lock:
+            missing = sorted({sha256 for sha256 in wanted if sha256 not in self._cached})
+        if not missing:
+            return
+        with ThreadPoolExecutor(
+            min(PREFETCH_THREADS, len(missing)), thread_name_prefix="fleet-fetch"
+        ) as pool:
+            for _done in pool.map(self._fetch, missing):
+                pass  # map re-raises a download's error here
+
+    def _fetch(self, sha256: str) -> None:
+        with self._incoming() as (handle, temp):
+            writer = HashingWriter(handle)
+            self.blobs.download(object_key(sha256), writer)
+            handle.flush()
+            if writer.sha256.hexdigest() != sha256:
+                raise ContentMismatch(f"workspace object {sha256} does not hold its content")
+            self._admit(sha256, temp, writer.size)
 
     def store(self, source: Readable) -> tuple[str, int]:
         """Copy `source` (a workspace file, open) into the store by its sha256: (sha256, size).

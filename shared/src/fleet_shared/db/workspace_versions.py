@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db.models import Session, Workspace, WorkspaceManifest, WorkspaceVersion, utcnow
-from fleet_shared.manifests import EMPTY, Manifest, WorkspaceState
+from fleet_shared.manifests import EMPTY, Manifest, ManifestCache, WorkspaceState, manifest_sha256
 
 
 class WorkspaceChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,28 +36,43 @@ class WorkspaceChange(msgspec.Struct, frozen=True, kw_only=True):
     seen_version: int
     manifest: Manifest
     added_bytes: int = 0  # what the Run put in the store for it
+    seen_manifest_sha256: str | None = None  # the manifest of the version the Run read
+    manifest_sha256: str = ""  # the manifest's own (computed from it when empty)
     # How many versions the commit leaves (storage.workspace_versions_kept); None keeps all.
     versions_kept: int | None = None
 
 
-def session_state_on(db: OrmSession, session_id: str) -> tuple[Session, WorkspaceState] | None:
-    """A session and its workspace's latest committed version with that version's manifest, in
-    one statement (a Run's claim reads them on its way to the first cell)."""
+def session_state_on(
+    db: OrmSession, session_id: str, cache: ManifestCache[Manifest] | None = None
+) -> tuple[Session, WorkspaceState] | None:
+    """A session and its workspace's latest committed version, with that version's manifest (a
+    Run's claim reads them on its way to the first cell): one statement, and one more for the
+    manifest's entries unless `cache` holds it already."""
     latest = and_(
         WorkspaceVersion.workspace_id == Workspace.id, WorkspaceVersion.version == Workspace.version
     )
     row = db.execute(
-        select(Session, Workspace.version, WorkspaceManifest.entries)
+        select(Session, Workspace.version, WorkspaceVersion.manifest_sha256)
         .join(Workspace, Workspace.id == Session.workspace_id)
         .outerjoin(WorkspaceVersion, latest)
-        .outerjoin(WorkspaceManifest, WorkspaceManifest.sha256 == WorkspaceVersion.manifest_sha256)
         .where(Session.id == session_id)
     ).one_or_none()
     if row is None:
         return None
-    session, version, entries = row
-    manifest = Manifest.decode(entries) if entries is not None else EMPTY
-    return session, WorkspaceState(workspace_id=session.workspace_id, version=version, manifest=manifest)
+    session, version, sha256 = row
+    manifest = EMPTY
+    if sha256 is not None:
+        cached = cache.get(sha256) if cache is not None else None
+        if cached is None:
+            entries = db.scalar(select(WorkspaceManifest.entries).where(WorkspaceManifest.sha256 == sha256))
+            cached = Manifest.decode(entries) if entries is not None else EMPTY
+            if cache is not None and entries is not None:
+                cache.put(sha256, cached)
+        manifest = cached
+    state = WorkspaceState(
+        workspace_id=session.workspace_id, version=version, manifest=manifest, manifest_sha256=sha256
+    )
+    return session, state
 
 
 async def version_row(
@@ -92,7 +107,11 @@ def record_on(db: OrmSession, change: WorkspaceChange, run_id: str | None) -> bo
     )
     if moved.rowcount != 1:  # type: ignore[attr-defined]
         return False
-    sha256 = add_manifest_on(db, change.manifest)
+    sha256 = change.manifest_sha256 or change.manifest.sha256
+    if sha256 == change.seen_manifest_sha256:
+        renew_manifest_on(db, sha256)  # unchanged: renewed, not sent again
+    else:
+        add_manifest_on(db, change.manifest)
     db.add(
         WorkspaceVersion(
             workspace_id=change.workspace_id,
@@ -115,7 +134,7 @@ def add_manifest_on(db: OrmSession, manifest: Manifest) -> str:
     its `created_at` is renewed, which locks the row until the caller's commit, so a gc that
     found it unreferenced and old leaves it (see manifest_unreferenced)."""
     encoded = manifest.encode()
-    sha256 = manifest.sha256
+    sha256 = manifest_sha256(encoded)
     values: dict[str, Any] = {
         "sha256": sha256,
         "file_count": len(manifest.entries),

@@ -391,7 +391,8 @@ class LocalSandboxProvider:
                         "(see sandbox.unreachable_path in the worker log); chmod o+x the folder, "
                         "move the data directory, or run the worker as a non-root user"
                     )
-        sanitize(workspace, run_as)
+        if known is None:  # a materialised folder is already as a sanitize pass leaves it
+            sanitize(workspace, run_as)
         cgroups = isolation.cgroups if isolation.cgroups and isolation.cgroups.bases else None
         if isolation.bwrap is not None:
             inside = os.geteuid() if run_as is None else run_as

@@ -69,9 +69,12 @@ Baseline = dict[str, Known]
 def materialise(
     folder: Path, manifest: Manifest, baseline: Baseline, objects: WorkspaceObjects, owner: int | None
 ) -> Baseline:
-    """Make `folder` hold exactly the manifest's files (the layout folders besides); what the
-    host knows of it afterwards."""
+    """Make `folder` hold exactly the manifest's files (the layout folders besides), every entry
+    owned by `owner` (None: this process) with no setuid or setgid bit: what a sanitize pass
+    would leave, so the lease needs none. What the host knows of the folder afterwards."""
     prepare_layout(folder)
+    with opened_dir(folder) as top:
+        own(top, os.fstat(top), owner)
     wanted = manifest.by_path()
     needed = {"", *WORKSPACE_DIRS, *(parent for path in wanted for parent in parents_of(path))}
     kept: Baseline = {}
@@ -79,6 +82,9 @@ def materialise(
     for dir_fd, name, info, relative in walk(folder):
         if stat.S_ISDIR(info.st_mode):
             folders.append(relative)
+            if relative in needed:
+                with contextlib.suppress(OSError), opened_dir(name, dir_fd=dir_fd) as child:
+                    own(child, os.fstat(child), owner)
             continue
         entry, known = wanted.get(relative), baseline.get(relative)
         if (
@@ -88,7 +94,7 @@ def materialise(
             and known.holds(info)
             and known.sha256 == entry.sha256
         ):
-            kept[relative] = keep(dir_fd, name, info, entry, known)
+            kept[relative] = keep(dir_fd, name, info, entry, known, owner=owner)
             continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dir_fd)  # changed, unknown, not regular, or not in this version
@@ -96,23 +102,67 @@ def materialise(
         parent = relative.rpartition("/")[0]
         if relative not in needed and parent in needed:
             remove_folder(folder, relative)
-    for entry in manifest.entries:
-        if entry.path not in kept:
-            kept[entry.path] = write(folder, entry, objects, owner)
+    missing = [entry for entry in manifest.entries if entry.path not in kept]
+    objects.prefetch(entry.sha256 for entry in missing)
+    with ParentFolder(folder, owner) as parents:
+        for entry in missing:  # in path order: files of one folder follow each other
+            folder_path, _slash, name = entry.path.rpartition("/")
+            kept[entry.path] = write(parents.at(folder_path), name, entry, objects, owner)
     return kept
 
 
-def keep(dir_fd: int, name: str, info: os.stat_result, entry: FileEntry, known: Known) -> Known:
-    """A file that already holds the entry's bytes, with the entry's mode (a chmod changes its
-    ctime: the record is taken again)."""
-    if stat.S_IMODE(info.st_mode) == entry.mode:
+class ParentFolder:
+    """The open folder the last file was written in, kept for the next file of the same folder
+    (opening each file's folder from the root would cost an open per level per file)."""
+
+    def __init__(self, root: Path, owner: int | None) -> None:
+        self.root, self.owner = root, owner
+        self.path: str | None = None
+        self.fd = -1
+
+    def __enter__(self) -> ParentFolder:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def at(self, path: str) -> int:
+        if path != self.path:
+            self.close()
+            parts = path.split("/") if path else []
+            with opened_inside_dirs(self.root, parts, create=True, owner=self.owner) as fd:
+                self.fd, self.path = os.dup(fd), path
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd, self.path = -1, None
+
+
+def keep(
+    dir_fd: int, name: str, info: os.stat_result, entry: FileEntry, known: Known, *, owner: int | None
+) -> Known:
+    """A file that already holds the entry's bytes, with the entry's mode and owner (a chmod or
+    chown changes its ctime: the record is taken again)."""
+    if stat.S_IMODE(info.st_mode) == entry.mode and (owner is None or info.st_uid == owner):
         return known
     fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     try:
         os.fchmod(fd, entry.mode)
+        if owner is not None:
+            os.fchown(fd, owner, owner)
         return Known.of(os.fstat(fd), known.sha256)
     finally:
         os.close(fd)
+
+
+def own(fd: int, info: os.stat_result, owner: int | None) -> None:
+    """A folder of the workspace: the sandbox's, with no setuid or setgid bit."""
+    if stat.S_IMODE(info.st_mode) & (stat.S_ISUID | stat.S_ISGID):
+        os.fchmod(fd, stat.S_IMODE(info.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+    if owner is not None and info.st_uid != owner:
+        os.fchown(fd, owner, owner)
 
 
 def parents_of(path: str) -> Iterator[str]:
@@ -133,9 +183,11 @@ def remove_folder(folder: Path, relative: str) -> None:
 
 
 @contextlib.contextmanager
-def opened_inside_dirs(folder: Path, parts: list[str], *, create: bool = False) -> Iterator[int]:
+def opened_inside_dirs(
+    folder: Path, parts: list[str], *, create: bool = False, owner: int | None = None
+) -> Iterator[int]:
     """An fd of the folder at `folder/parts`, never through a link (with `create`, missing folders
-    are made, and anything else in their place removed)."""
+    are made, owned by `owner`, and anything else in their place removed)."""
     with opened_dir(folder) as top:
         fd = os.dup(top)
     try:
@@ -145,30 +197,29 @@ def opened_inside_dirs(folder: Path, parts: list[str], *, create: bool = False) 
             child = os.open(part, DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = child
+            if create:
+                own(fd, os.fstat(fd), owner)
         yield fd
     finally:
         os.close(fd)
 
 
-def write(folder: Path, entry: FileEntry, objects: WorkspaceObjects, owner: int | None) -> Known:
-    """One manifest file, written from the store's bytes with its mode and mtime."""
-    *parents, name = entry.path.split("/")
-    with opened_inside_dirs(folder, parents, create=True) as parent:
-        clear_name(parent, name)
-        fd = os.open(
-            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent
-        )
-        try:
-            with objects.opened(entry.sha256) as source:
-                while chunk := source.read(COPY_CHUNK):
-                    write_all(fd, chunk)
-            os.fchmod(fd, entry.mode)
-            if owner is not None:
-                os.fchown(fd, owner, owner)
-            os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
-            return Known.of(os.fstat(fd), entry.sha256)
-        finally:
-            os.close(fd)
+def write(parent: int, name: str, entry: FileEntry, objects: WorkspaceObjects, owner: int | None) -> Known:
+    """One manifest file, written in the open folder `parent` from the store's bytes, with its
+    mode and mtime."""
+    clear_name(parent, name)
+    fd = os.open(name, NEW_FILE_FLAGS, 0o600, dir_fd=parent)
+    try:
+        with objects.opened(entry.sha256) as source:
+            while chunk := source.read(COPY_CHUNK):
+                write_all(fd, chunk)
+        os.fchmod(fd, entry.mode)
+        if owner is not None:
+            os.fchown(fd, owner, owner)
+        os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
+        return Known.of(os.fstat(fd), entry.sha256)
+    finally:
+        os.close(fd)
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -218,7 +269,8 @@ def capture(
             entries[relative] = FileEntry(relative, record.size, mode, record.sha256, record.mtime_ns)
         else:
             changed.append((relative, mode))
-    refusal = room(sum(size_of(folder, relative) for relative, _mode in changed if relative not in counted))
+    adding = sum(size_of(folder, relative) for relative, _mode in changed if relative not in counted)
+    refusal = room(adding) if adding else None
     if refusal is not None:
         raise OverQuota(refusal)
     added = 0

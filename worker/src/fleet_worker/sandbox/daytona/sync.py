@@ -197,7 +197,8 @@ def capture(
             entries[item.relative] = record_of.entry(item.relative, item.mode)
         else:
             changed.append(item)
-    refusal = room(sum(item.size for item in changed if item.relative not in counted))
+    adding = sum(item.size for item in changed if item.relative not in counted)
+    refusal = room(adding) if adding else None  # the usage is read only when something is stored
     if refusal is not None:
         raise OverQuota(refusal)
     added = 0
