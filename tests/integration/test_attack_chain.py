@@ -21,7 +21,7 @@ from fleet_worker.app import sandbox_provider
 from fleet_worker.sandbox.errors import SandboxUnavailable
 from fleet_worker.sandbox.local import prepare_workspace_root
 from tests.integration.harness import Harness
-from tests.integration.test_escape import attack, workspace_folders
+from tests.integration.test_escape import HOST_FOLDERS, attack, workspace_folders
 from tests.support.peer import peer_client
 
 pytestmark = pytest.mark.escape
@@ -61,7 +61,7 @@ async def test_an_interpreter_a_cell_plants_is_refused_by_request_and_by_startup
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("FLEET_REDIS_URL", redis_url)  # a change is checked with the gateway's env
-    outcome = await attack(harness_factory, PLANT)
+    outcome = await attack(harness_factory, PLANT, local=HOST_FOLDERS)  # the planted file outlives it
     [workspace] = [f for f in workspace_folders(outcome) if not f.name.startswith("scratch-")]
     planted = workspace / "memory" / "py"
     assert outcome.answer == "planted" and planted.is_file()

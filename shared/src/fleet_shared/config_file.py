@@ -113,6 +113,9 @@ class LocalSandboxSection(Section):
     tmp_mb: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 256
     workspace_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024
     workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000
+    # On a root worker, each workspace is a filesystem of its own of that size and file count,
+    # so the kernel enforces the budget (sandbox/volumes.py); off, the budget is checked only.
+    workspace_volumes: Annotated[bool, msgspec.Meta(extra=FILE_ONLY)] = True
     cpus: Annotated[float, msgspec.Meta(gt=0, le=256)] = 1.0
     uid_base: Annotated[int, msgspec.Meta(ge=1000, le=2**31 - 2**17, extra=FILE_ONLY)] = 200_000
     uid_count: Annotated[int, msgspec.Meta(ge=1, le=2**17, extra=FILE_ONLY)] = 65_536
@@ -133,7 +136,10 @@ class DaytonaSection(Section):
     # that a file written for an older fleet still loads (the worker logs that it is unused).
     volume: Annotated[str | None, msgspec.Meta(extra=FILE_ONLY)] = None
     deployment: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet"  # the `fleet.deployment` label
-    workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000  # entries a capture walks
+    workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000
+    # On a root worker, each workspace is a filesystem of its own of that size and file count,
+    # so the kernel enforces the budget (sandbox/volumes.py); off, the budget is checked only.
+    workspace_volumes: Annotated[bool, msgspec.Meta(extra=FILE_ONLY)] = True  # entries a capture walks
     cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
     startup_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
     create_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120

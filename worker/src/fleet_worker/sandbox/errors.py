@@ -60,6 +60,10 @@ class SandboxStopped(SandboxCrashed):
     """The host stopped a REPL on purpose mid-cell (it was frozen, or it overran a budget)."""
 
 
+class OverBudget(SandboxStopped):
+    """A running cell grew its workspace past the budget (what it wrote past it is removed)."""
+
+
 class FrameTimeout(SandboxError):
     """A frame could not be read or written before its deadline."""
 

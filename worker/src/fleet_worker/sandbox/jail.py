@@ -42,6 +42,7 @@ class LocalSandboxConfig:
     tmp_mb: int = 256  # /tmp, a tmpfs in RAM
     workspace_mb: int = 1024  # what /workspace may grow to during a cell
     workspace_files: int = 100_000  # and how many entries it may hold
+    workspace_volumes: bool = True  # on a root worker, each workspace a size-limited volume
     cpus: float = 1.0  # CPU time per wall second, with a cgroup
     uid_base: int = 200_000  # on a root worker, each workspace's sandbox runs as one uid of
     uid_count: int = 65_536  # [uid_base, uid_base + uid_count): never a real user, never nobody

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from fleet_shared.manifests import Manifest
+from fleet_shared.manifests import WORKSPACE_DIRS, Manifest
 from fleet_shared.workspaces import create_dirs
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.cgroups import Cgroups, Limits
@@ -41,17 +41,20 @@ from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.sandbox.sync import Baseline, VersionedFolders
 from fleet_worker.sandbox.syscalls import build_filter
 from fleet_worker.sandbox.trust import uid_range_clash, untrusted_interpreter
+from fleet_worker.sandbox.volumes import WorkspaceVolumes
 from fleet_worker.sandbox.workspace import (
     HOST_PATHS,
     LocalWorkspaceFiles,
-    WorkspaceBudget,
     prepare_layout,
     sanitize,
     unreachable_ancestor,
 )
+from fleet_worker.sandbox.workspace_budget import WorkspaceBudget
 
 log = structlog.get_logger(__name__)
 PROBE_RUN = "probe"
+VOLUMES_KEPT = 24  # workspace volumes a worker keeps mounted for their next Runs
+VOLUME_SLACK_BYTES = 4 << 20  # the budget's check above a volume's own limit (extent blocks)
 
 
 def prepare_workspace_root(root: Path) -> Path:
@@ -78,8 +81,10 @@ class LocalSandboxLease:
         pool: WarmPool | None = None,
         versions: VersionedFolders | None = None,
         known: Baseline | None = None,
+        volume: int | None = None,
     ) -> None:
         self.workspace = workspace
+        self._volume = volume  # the lock on the workspace's volume, held until release
         self._versions = versions
         self.known: Baseline = known or {}  # what the host knows of the folder's files
         self.run_id = run_id
@@ -118,7 +123,12 @@ class LocalSandboxLease:
             cell_timeout_seconds=self._cfg.cell_timeout_seconds,
             startup_timeout_seconds=self._cfg.startup_timeout_seconds,
             caps=self._caps,
-            budget=WorkspaceBudget(self.workspace, self._cfg.workspace_mb * 2**20, self._cfg.workspace_files),
+            budget=WorkspaceBudget(
+                self.workspace,
+                self._cfg.workspace_mb * 2**20,
+                self._cfg.workspace_files,
+                slack_bytes=VOLUME_SLACK_BYTES if self._volume is not None else 0,
+            ),
             label=f"{self.run_id}-next" if self._released else self.run_id,
         )
 
@@ -165,6 +175,9 @@ class LocalSandboxLease:
         except Exception as exc:  # a hostile tree must not turn a release into a crash
             log.warning("sandbox.sanitize_failed", run_id=self.run_id, error=str(exc))
             return
+        finally:
+            if self._volume is not None:
+                os.close(self._volume)
         if self._pool is not None and idle:  # a fresh REPL for this workspace's next Run
             self._pool.prewarm(self.workspace, self.make_session)
 
@@ -211,6 +224,7 @@ class LocalSandboxProvider:
         interpreter must never be; `versions` keeps workspace folders in step with the store."""
         self.workspaces = workspaces
         self.versions = versions
+        self.volumes: WorkspaceVolumes | None = None  # a root worker's hard limit (place_workspaces)
         self._sandbox_roots = sandbox_roots
         self._find_cgroups = cgroups
         self._cfg = cfg
@@ -261,12 +275,21 @@ class LocalSandboxProvider:
             log.warning("sandbox.workspaces_relocated", unreachable=str(root), using=str(relocated))
             root = prepare_workspace_root(relocated)
         self.workspaces = root
+        if self._cfg.workspace_volumes and WorkspaceVolumes.available():
+            self.volumes = WorkspaceVolumes(
+                root.parent / f"{root.name}-volumes",
+                size_bytes=self._cfg.workspace_mb * 2**20,
+                inodes=self._cfg.workspace_files + len(WORKSPACE_DIRS) + 1,
+                keep=VOLUMES_KEPT,
+            )
         self.sweep_scratch()
         return root
 
     def sweep_scratch(self) -> int:
         """Remove the scratch folders no live lease holds (see sandbox/scratch.py); how many."""
-        return sweep_scratch(self.workspaces) if self.workspaces is not None else 0
+        if self.workspaces is None:
+            return 0
+        return sweep_scratch(self.workspaces, unmount=self.volumes.drop if self.volumes else None)
 
     def acquire(
         self, workspace_id: str, run_id: str, session_id: str = "", manifest: Manifest | None = None
@@ -278,12 +301,27 @@ class LocalSandboxProvider:
         self.check()
         assert self._isolation is not None
         folder = (self.workspaces / workspace_id).resolve()
-        known = None
-        if manifest is not None:
-            if self.versions is None:
-                raise SandboxError("this worker keeps no workspace versions (no store)")
-            known = self.versions.materialise(folder, manifest, self.sandbox_uid(folder))
-        return self._lease(folder, run_id, self._isolation, known=known)
+        volume = self._hold_volume(folder)
+        try:
+            known = None
+            if manifest is not None:
+                if self.versions is None:
+                    raise SandboxError("this worker keeps no workspace versions (no store)")
+                known = self.versions.materialise(folder, manifest, self.sandbox_uid(folder))
+            return self._lease(folder, run_id, self._isolation, known=known, volume=volume)
+        except BaseException:
+            if volume is not None:
+                os.close(volume)
+            raise
+
+    def _hold_volume(self, folder: Path) -> int | None:
+        """The folder's volume, held for a lease (a root worker's hard limit; None without)."""
+        if self.volumes is None:
+            return None
+        volume, made = self.volumes.hold(folder, self.sandbox_uid(folder))
+        if made:  # a warm REPL bound to the folder holds the volume this one replaced
+            self._pool.discard(folder)
+        return volume
 
     def acquire_scratch(self, run_id: str) -> ScratchLease:
         """A child RLM's sandbox: a new empty folder beside the workspaces (so it gets a uid of
@@ -293,13 +331,23 @@ class LocalSandboxProvider:
         self.check()
         assert self._isolation is not None
         claim = ScratchClaim(self.workspaces)
+        volume: int | None = None
+
+        def discard() -> None:
+            if volume is not None:
+                os.close(volume)
+                if self.volumes is not None:
+                    self.volumes.drop(claim.folder)
+            claim.discard()
+
         try:
+            volume = self._hold_volume(claim.folder)
             lease = self._lease(claim.folder, run_id, self._isolation, pooled=False)
         except BaseException:
-            with contextlib.suppress(OSError):
-                claim.discard()
+            with contextlib.suppress(OSError, SandboxError):
+                discard()
             raise
-        return ScratchLease(lease, claim.discard)
+        return ScratchLease(lease, discard)
 
     def _settle(self) -> Isolation:
         python = resolve_python(self._cfg)
@@ -375,6 +423,7 @@ class LocalSandboxProvider:
         *,
         pooled: bool = True,
         known: Baseline | None = None,
+        volume: int | None = None,
     ) -> LocalSandboxLease:
         workspace = workspace.resolve()
         HOST_PATHS.add(workspace.parent)
@@ -428,6 +477,7 @@ class LocalSandboxProvider:
             pool=self._pool if pooled and run_id != PROBE_RUN else None,
             versions=self.versions if known is not None else None,
             known=known,
+            volume=volume,
         )
 
     def _staged_driver(self, isolation: Isolation) -> Path:
@@ -452,8 +502,11 @@ class LocalSandboxProvider:
             return staged.path
 
     def close(self) -> None:
-        """Shut down the warm REPLs and remove the staged driver (the worker is stopping)."""
+        """Shut down the warm REPLs, remove the staged driver and this worker's volumes (the
+        worker is stopping)."""
         self._pool.close()
+        if self.volumes is not None:
+            self.volumes.close()
         with self._lock:
             driver, self._driver = self._driver, None
         if driver is not None:

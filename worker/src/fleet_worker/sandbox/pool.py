@@ -72,6 +72,13 @@ class WarmPool:
             return None
         return session
 
+    def discard(self, workspace: Path) -> None:
+        """The workspace's warm REPL, if any, goes down (what it was bound to was replaced)."""
+        with self._lock:
+            entry = self._entries.pop(workspace, None)
+        if entry is not None:
+            self._retire(entry[1])
+
     def start_early(self, make: Callable[[], ReplSession]) -> ReplSession:
         """A new REPL for a Run that found none warm, starting now in the background. Its first
         start() or execute() waits for this start (ReplSession serializes them), or spawns anew

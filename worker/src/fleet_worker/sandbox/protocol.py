@@ -16,7 +16,7 @@ from fleet_worker.sandbox.errors import FrameTimeout, FrameTooLarge, SandboxCras
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 READ_CHUNK_BYTES = 1024 * 1024
-WATCH_SECONDS = 1.0
+WATCH_SECONDS = 0.1  # a read's watch runs this often while nothing arrives
 Watch = Callable[[], None]
 
 
@@ -81,7 +81,7 @@ def read_frame(
     """Read one frame; FrameTimeout past `deadline`, SandboxCrashed on EOF or an oversize frame.
 
     With a deadline the source must be an fd or an unbuffered file: readiness is polled on the fd.
-    `watch` runs about every second while nothing arrives (it raises to give up early).
+    `watch` runs about every WATCH_SECONDS while nothing arrives (it raises to give up early).
     """
     if isinstance(source, int) and deadline is not None:
         return read_whole_frame(source, deadline, max_bytes, watch)

@@ -25,6 +25,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -135,7 +136,12 @@ def scratch_keys(root: Path) -> set[str]:
     return keys
 
 
-def sweep_scratch(root: Path, *, unlocked_folder_age: float = UNLOCKED_FOLDER_AGE_SECONDS) -> int:
+def sweep_scratch(
+    root: Path,
+    *,
+    unlocked_folder_age: float = UNLOCKED_FOLDER_AGE_SECONDS,
+    unmount: Callable[[Path], object] | None = None,
+) -> int:
     """Remove the scratch folders in `root` that no live lease holds; how many were removed.
     Never raises: what cannot be removed now is logged and tried again at the next sweep."""
     try:
@@ -148,7 +154,7 @@ def sweep_scratch(root: Path, *, unlocked_folder_age: float = UNLOCKED_FOLDER_AG
         if key in LIVE:
             continue
         try:
-            removed += sweep_one(root, key, unlocked_folder_age)
+            removed += sweep_one(root, key, unlocked_folder_age, unmount)
         except OSError as exc:
             log.warning("sandbox.scratch_sweep_failed", folder=f"{PREFIX}{key}", error=str(exc))
     if removed:
@@ -156,7 +162,9 @@ def sweep_scratch(root: Path, *, unlocked_folder_age: float = UNLOCKED_FOLDER_AG
     return removed
 
 
-def sweep_one(root: Path, key: str, unlocked_folder_age: float) -> bool:
+def sweep_one(
+    root: Path, key: str, unlocked_folder_age: float, unmount: Callable[[Path], object] | None = None
+) -> bool:
     folder, lock = folder_of(root, key), lock_of(root, key)
     try:
         fd = os.open(lock, LOCK_FLAGS)
@@ -170,6 +178,8 @@ def sweep_one(root: Path, key: str, unlocked_folder_age: float) -> bool:
     try:
         if not (try_lock(fd) and still_named(lock, fd)):
             return False  # in use, or removed by another sweep since we looked
+        if unmount is not None:
+            unmount(folder)  # a volume of its own (a root worker's), left by a worker that died
         remove_tree(folder)
         lock.unlink(missing_ok=True)
         return True

@@ -22,6 +22,7 @@ from fleet_worker.sandbox.errors import (
     CellInterrupted,
     CellTimeout,
     FrameTimeout,
+    OverBudget,
     SandboxCrashed,
     SandboxError,
     SandboxStopped,
@@ -39,7 +40,7 @@ from fleet_worker.sandbox.process import (
     reap,
 )
 from fleet_worker.sandbox.protocol import encode_frame, read_frame, write_all
-from fleet_worker.sandbox.workspace import WorkspaceBudget
+from fleet_worker.sandbox.workspace_budget import WorkspaceBudget
 
 log = structlog.get_logger(__name__)
 
@@ -196,13 +197,24 @@ class ReplSession:
         return params
 
     def _checked(self, result: CellResult) -> CellResult:
-        """A cell that ended with the workspace over its budget: told so (its files stay)."""
+        """A cell that ended with the workspace over its budget: told so, and what it wrote past
+        the budget removed. One that hit a full workspace (its volume refused a write): told why."""
+        if self._budget is not None and result.error is not None and self._budget.full():
+            error = result.error
+            if "[Errno 28]" in f"{error.message}{error.traceback}":
+                why = self._budget.describe_full()
+                told = dataclasses.replace(
+                    error,
+                    message=f"{error.message}; {why}",
+                    traceback=f"{error.traceback.rstrip()}\n({why})\n" if error.traceback else "",
+                )
+                return dataclasses.replace(result, error=told)
         if self._budget is None or result.final is not None or self._budget.unchanged():
             return result
         overrun = self._budget.overrun()
         if overrun is None or result.error is not None:
             return result
-        note = f"{overrun}; the files this cell wrote were kept: delete some to make room"
+        note = f"{overrun}; {pruned(self._budget)}"
         return dataclasses.replace(result, error=CellError("WorkspaceOverBudget", note, ""))
 
     def interrupt(self) -> None:
@@ -319,7 +331,7 @@ class ReplSession:
             if repl.supervisor is not None and process_state(repl.supervisor) in ("T", "t", "Z", "?"):
                 raise SandboxStopped("the REPL's supervisor was stopped or is gone")
             if budget is not None and budget.due_in_cell() and (overrun := budget.overrun()) is not None:
-                raise SandboxStopped(f"{overrun}; delete files to make room")
+                raise OverBudget(overrun)  # what the cell wrote past it goes once it is killed
 
         write_all(to_repl, request, deadline)
         while True:
@@ -375,6 +387,8 @@ class ReplSession:
         """Why the REPL process is gone (exit status, stderr tail); it is replaced right away."""
         note = self._stderr_note(repl)
         self._discard(repl)
+        if isinstance(failure, OverBudget) and self._budget is not None:
+            failure = OverBudget(f"{failure}; {pruned(self._budget)}")  # nothing writes any more
         self._respawn_quietly()
         if isinstance(failure, SandboxStopped):
             reason = (
@@ -390,3 +404,12 @@ class ReplSession:
     def _stderr_note(repl: Repl) -> str:
         text = repl.stderr.text(wait_seconds=0.5)
         return f"; stderr: {text[-2000:]}" if text else ""
+
+
+def pruned(budget: WorkspaceBudget) -> str:
+    """What a cell over the budget left: the files it wrote past it are removed at once."""
+    removed = budget.prune(budget.cell_started_ns)
+    if not removed:
+        return "delete files to make room"
+    shown = ", ".join(removed[:5]) + (f" and {len(removed) - 5} more" if len(removed) > 5 else "")
+    return f"removed what this cell wrote past it ({shown}); delete files to make room"

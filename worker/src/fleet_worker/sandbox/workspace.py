@@ -10,10 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import time
 from pathlib import Path
 
-from fleet_shared.confined import DIR_FLAGS, Unwalkable, opened_dir, opened_inside, parts_of, walk
+from fleet_shared.confined import DIR_FLAGS, opened_dir, opened_inside, parts_of, walk
 from fleet_shared.manifests import WORKSPACE_DIRS
 from fleet_worker.sandbox.provider import FileStamp, Writable
 
@@ -104,86 +103,6 @@ class HostPaths:
 
 
 HOST_PATHS = HostPaths()
-
-
-class WorkspaceBudget:
-    """How much a workspace may hold on disk, in bytes and in files. It is measured when a cell
-    ends and about every second while one runs; a cell that grows the workspace past the budget
-    is stopped. A workspace already over it (an attachment, say) may shrink, never grow.
-
-    A cell's end skips the walk when the last one is less than a second old and the workspace's
-    filesystem has exactly the free blocks and free inodes it had just before it: then nothing on
-    it took space (delayed allocation is reserved, and so counted, at write time). One statvfs
-    instead of a tree walk per quick cell. A file lengthened without taking blocks (truncate)
-    changes neither: the next walk counts it (while the next cell runs, or at its end)."""
-
-    EVERY_SECONDS = 1.0
-
-    def __init__(self, workspace: Path, limit_bytes: int, limit_files: int) -> None:
-        self.workspace = workspace
-        self.limit_bytes = limit_bytes
-        self.limit_files = limit_files
-        self.known = (0, 0)
-        self.allowed = (limit_bytes, limit_files)
-        self.measured_at = self.cell_started = float("-inf")
-        self.filesystem: tuple[int, int] | None = None  # free blocks and inodes before the last walk
-        with contextlib.suppress(Unwalkable, OSError):
-            self.filesystem = self.free_space()
-            self.known = self.usage()
-            self.allowed = (max(limit_bytes, self.known[0]), max(limit_files, self.known[1]))
-
-    def free_space(self) -> tuple[int, int]:
-        info = os.statvfs(self.workspace)
-        return info.f_bfree, info.f_ffree
-
-    def usage(self) -> tuple[int, int]:
-        """Bytes and entries. An entry counts for its length or its allocated blocks, whichever
-        is larger: a sparse file takes little disk here, but whatever copies it out (an
-        artifact, a download) copies its whole length."""
-        total = files = 0
-        for _fd, _name, info, _path in walk(self.workspace, strict=True):
-            total += max(info.st_size, info.st_blocks * 512)
-            files += 1
-        return total, files
-
-    def begin_cell(self) -> None:
-        self.allowed = (max(self.limit_bytes, self.known[0]), max(self.limit_files, self.known[1]))
-        self.cell_started = time.monotonic()
-
-    def unchanged(self) -> bool:
-        """At a cell's end: the last walk is less than a second old and nothing on the
-        workspace's filesystem grew since. Hard links (and names that fit a folder's spare
-        space) use no block and no inode, so a walk still happens at least once a second."""
-        if time.monotonic() - self.measured_at >= self.EVERY_SECONDS:
-            return False
-        try:
-            return self.filesystem is not None and self.free_space() == self.filesystem
-        except OSError:
-            return False
-
-    def due_in_cell(self) -> bool:
-        """While a cell runs: a second after it began, then every second."""
-        return time.monotonic() - max(self.measured_at, self.cell_started) >= self.EVERY_SECONDS
-
-    def overrun(self) -> str | None:
-        """Why the workspace is over its budget now, or None."""
-        self.measured_at = time.monotonic()
-        try:
-            self.filesystem = self.free_space()  # before the walk: a write during it changes it
-        except OSError:
-            self.filesystem = None
-        try:
-            self.known = self.usage()
-        except Unwalkable as exc:
-            self.filesystem = None
-            return f"the workspace cannot be measured: {exc}"
-        size, files = self.known
-        if size > self.allowed[0]:
-            megabytes = self.limit_bytes // 2**20
-            return f"the workspace grew past its {megabytes} MiB budget (sandbox.local.workspace_mb)"
-        if files > self.allowed[1]:
-            return f"the workspace grew past {self.limit_files} files (sandbox.local.workspace_files)"
-        return None
 
 
 COPY_CHUNK = 1 << 20
