@@ -40,13 +40,17 @@ def cluster_factory(
     made: list[Cluster] = []
     work_dirs: list[Path] = []
 
-    def make(script: str, *, sqlite: bool = False, **overrides: Any) -> Cluster:
+    def make(
+        script: str, *, sqlite: bool = False, database_url: str | None = None, **overrides: Any
+    ) -> Cluster:
+        """A cluster on a fresh database of `chaos_postgres` (or a SQLite file, or `database_url`);
+        `overrides` are dotted profile keys with `__` for the dots."""
         work = Path(tempfile.mkdtemp(prefix="fleet-chaos-"))
         work.chmod(0o711)  # the sandbox's uid passes through to the workspaces
         work_dirs.append(work)
         if sqlite:
             database_url = f"sqlite+aiosqlite:///{work / 'fleet.db'}"
-        else:
+        elif database_url is None:
             database_url = chaos_postgres.create_database(f"chaos_{uuid.uuid4().hex[:12]}")
         dotted = {key.replace("__", "."): value for key, value in overrides.items()}
         cluster = Cluster(work, chaos_redis, database_url, script, dotted)

@@ -222,6 +222,11 @@ async def _as_coroutine(factory: Callable[[], Awaitable[T]]) -> T:
     return await factory()
 
 
+def quoted_name(name: str) -> str:
+    """`name` as a PostgreSQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 class PostgresServer:
     """A private PostgreSQL cluster on a free loopback port, for tests that stop/start the DB.
 
@@ -341,12 +346,14 @@ class PostgresServer:
             f"PostgreSQL on port {self.port} not ready after {timeout}s:\n{_tail(self.log_path)}"
         )
 
-    def stop(self, mode: str = "immediate") -> None:
-        """Stop the server (`pg_ctl stop -m <mode>`: smart, fast or immediate); data is kept."""
+    def stop(self, mode: str = "immediate", wait: bool = True) -> None:
+        """Stop the server (`pg_ctl stop -m <mode>`: smart, fast or immediate); data is kept.
+        Without `wait` a smart stop only begins: the server refuses new connections until its
+        open sessions end, and a `stop()` that waits ends it."""
         if not self.running:
             return
-        self._run("pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w", "stop")
-        self.running = False
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w" if wait else "-W", "stop")
+        self.running = not wait
 
     def close(self) -> None:
         """Stop the server and remove its temp dir."""
@@ -356,20 +363,26 @@ class PostgresServer:
             shutil.rmtree(self.root, ignore_errors=True)
             _live.discard(self)
 
-    def create_database(self, name: str) -> str:
-        """CREATE DATABASE `name`; returns its SQLAlchemy asyncpg URL. Works in or out of a loop."""
+    def execute(self, *statements: str) -> None:
+        """Run `statements` as the superuser on the `postgres` database, one by one (ALTER
+        DATABASE, roles, pg_terminate_backend). Works in or out of a loop."""
         import asyncpg
 
-        quoted = '"' + name.replace('"', '""') + '"'
-
-        async def create() -> None:
+        async def run() -> None:
             conn = await asyncpg.connect(self.admin_dsn)
             try:
-                await conn.execute(f"CREATE DATABASE {quoted}")
+                for statement in statements:
+                    await conn.execute(statement)
             finally:
                 await conn.close()
 
-        _run_async(create)
+        _run_async(run)
+
+    def create_database(self, name: str, owner: str | None = None) -> str:
+        """CREATE DATABASE `name` (owned by the role `owner`, else the superuser); returns its
+        SQLAlchemy asyncpg URL (as the superuser). Works in or out of a loop."""
+        owned = "" if owner is None else f" OWNER {quoted_name(owner)}"
+        self.execute(f"CREATE DATABASE {quoted_name(name)}{owned}")
         return self.url(name)
 
     def __enter__(self) -> PostgresServer:

@@ -22,6 +22,8 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import Session
 
+from fleet_shared.db.faults import count_connect_failures_as_outages
+
 # Every revision this code knows, oldest first; the last is the one it expects.
 # `tests/unit/shared/test_schema_head.py` fails if they drift from Alembic's chain, so readiness
 # never needs the migration scripts on disk.
@@ -68,24 +70,29 @@ SQLITE_TWINS: weakref.WeakKeyDictionary[AsyncEngine, SqliteTwin] = weakref.WeakK
 
 
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """The engine for `url`. Whatever stops it from connecting is an outage (faults.py)."""
     if is_sqlite(url):
         engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True, **kwargs)
         event.listen(engine.sync_engine, "connect", sqlite_pragmas)
+        count_connect_failures_as_outages(engine.sync_engine)
         parsed = make_url(url)
         if parsed.database not in (None, "", ":memory:") and "memory" not in str(parsed.query):
             twin = create_sync_engine(
                 parsed.set(drivername="sqlite+pysqlite"), connect_args={"timeout": 30}, hide_parameters=True
             )
             event.listen(twin, "connect", sqlite_pragmas)
+            count_connect_failures_as_outages(twin)
             threads = ThreadPoolExecutor(TWIN_THREADS, thread_name_prefix="fleet-sqlite")
             SQLITE_TWINS[engine] = SqliteTwin(twin, threads)
         return engine
     # hide_parameters: an error's text never carries row values (an answer, a user's text) into a
     # log line or a failure message. A short connect timeout: an unreachable DB is a quick 503.
     connect_args = {"timeout": CONNECT_TIMEOUT_SECONDS}
-    return create_async_engine(
+    engine = create_async_engine(
         url, pool_pre_ping=True, hide_parameters=True, connect_args=connect_args, **kwargs
     )
+    count_connect_failures_as_outages(engine.sync_engine)
+    return engine
 
 
 def sqlite_twin(engine: AsyncEngine) -> SqliteTwin | None:
