@@ -65,7 +65,8 @@ SETTING_KEYS = (
     "profiles.offline.runtime.heartbeat_seconds",
     "profiles.offline.gateway.limits.max_text_chars",
     "profiles.offline.observability.log_level",
-    "config.default_profile",
+    "profiles.offline.sandbox.local.cell_timeout_seconds",
+    "config.default_profile",  # file-only: always refused
 )
 REAL_PATHS = ("", ".", "artifacts", "artifacts/request.txt", "attachments/a.txt", "memory")
 

@@ -75,6 +75,7 @@ def record_version(
     run_id: str | None = None,
     mtime_ns: int = MTIME_NS,
     store: bool = True,
+    added_bytes: int = 0,
 ) -> int:
     """The workspace's next version, as a Run's commit records it: the files' bytes put in the
     store first (unless `store` is false), then the manifest. Its number."""
@@ -92,7 +93,12 @@ def record_version(
     def commit(db: Any) -> int:
         workspace = db.get(Workspace, workspace_id)
         seen = workspace.version if workspace is not None else 0
-        change = WorkspaceChange(workspace_id=workspace_id, seen_version=seen, manifest=Manifest.of(entries))
+        change = WorkspaceChange(
+            workspace_id=workspace_id,
+            seen_version=seen,
+            manifest=Manifest.of(entries),
+            added_bytes=added_bytes,
+        )
         assert record_on(db, change, run_id)
         db.commit()
         return seen + 1

@@ -17,6 +17,7 @@ from sqlalchemy.util import await_only
 from fleet_shared.config import Settings
 from fleet_shared.db import queries
 from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.db.files import StoredBytes, stored_bytes
 from fleet_shared.db.forks import fork_session
 from fleet_shared.db.models import Workspace
 from fleet_shared.db.runs import Settlement, commit_settlement
@@ -108,6 +109,29 @@ def test_a_fork_starts_from_the_committed_state_and_leaves_a_run_in_progress_out
     parent_note = client.get("/api/files/content", params={"session_id": parent["id"], **note}).json()
     assert parent_note["content"] == "v2" and [v["version"] for v in versions(parent)] == [2, 1]
     assert [v["version"] for v in versions(fork)] == [3, 2, 1]
+
+
+def test_a_fork_counts_the_bytes_it_refers_to(
+    client: TestClient,  # type: ignore[type-arg]
+    settings: Settings,
+) -> None:
+    """Review of #28: the copies counted 0 bytes, so a fork held the parent's files uncounted
+    by its own quota, and by every quota once the parent's versions went."""
+    parent = client.post("/api/sessions", json={"title": "the parent"}).json()
+    record_version(settings, parent["workspace_id"], {"memory/a.bin": b"a" * 300}, added_bytes=300)
+    record_version(settings, parent["workspace_id"], {"memory/b.bin": b"b" * 200}, added_bytes=200)
+    fork = client.post(f"/api/sessions/{parent['id']}/fork").json()
+
+    async def counted(session_id: str) -> StoredBytes:
+        engine = create_engine(settings.database_url)
+        try:
+            async with session_factory(engine)() as db:
+                return await stored_bytes(db, session_id)
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(counted(fork["id"])) == StoredBytes(session=500, deployment=1000)
+    assert asyncio.run(counted(parent["id"])).session == 500
 
 
 def test_fork_bodies_titles_and_unknown_parents(

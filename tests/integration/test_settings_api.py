@@ -113,18 +113,19 @@ def test_a_change_is_written_with_its_comments_and_shown_by_the_next_read(
         "/api/settings",
         json={
             "revision": read["revision"],
-            "set": {"profiles.local.rlm.max_iters": 30, "config.default_profile": "local"},
+            "set": {"profiles.local.rlm.max_iters": 30, "profiles.offline.rlm.max_iters": 9},
         },
     )
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["restart_required"] is True and body["applies"] == "on_restart"
     assert body["revision"] == revision(config) != read["revision"]
-    assert body["default_profile"] == "local" and body["active_profile"] == "offline"  # until restart
+    assert body["default_profile"] == "offline" == body["active_profile"]
     assert body["profiles"]["local"]["rlm"]["max_iters"] == 30
+    assert body["profiles"]["offline"]["rlm"]["max_iters"] == 9
     after_text = config.read_text()
     assert comments(after_text) == comments(before_text)
-    assert "max_iters = 30" in after_text and 'default_profile = "local"' in after_text
+    assert "max_iters = 30" in after_text and "max_iters = 9" in after_text
     again = client.get("/api/settings").json()
     assert {k: v for k, v in body.items() if k != "restart_required"} == again
     restarted = load_settings(
@@ -134,6 +135,7 @@ def test_a_change_is_written_with_its_comments_and_shown_by_the_next_read(
             "FLEET_LM_MODEL": "openai/x",
             "FLEET_LM_API_KEY": "k",
             "FLEET_LM_BASE_URL": "http://127.0.0.1:9/v1",
+            "FLEET_PROFILE": "local",
         }
     )
     assert restarted.profile_name == "local" and restarted.profile.rlm.max_iters == 30
@@ -166,7 +168,8 @@ def test_a_stale_revision_is_a_conflict_and_writes_nothing(
         ({"profiles.local.rlm.max_iters": 1000}, "profiles.local.rlm.max_iters"),
         ({"profiles.offline.sandbox.provider": "docker"}, "profiles.offline.sandbox.provider"),
         ({"profiles.offline.rlm.bogus": 1}, "profiles.offline.rlm.bogus"),
-        ({"config.default_profile": "nowhere"}, "nowhere"),
+        ({"config.default_profile": "local"}, "config.default_profile: only the file on disk"),
+        ({"profiles.elsewhere.rlm.max_iters": 3}, "profile 'elsewhere' is not in the file"),
         ({"profiles.offline": None}, "offline"),
         ({"profiles.local.llm.root.api_key_env": "sk-live-abc"}, "profiles.local.llm.root.api_key_env"),
         (

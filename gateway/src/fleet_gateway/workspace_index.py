@@ -20,9 +20,9 @@ from fleet_shared.manifests import WORKSPACE_DIRS, FileEntry, Manifest, Manifest
 # One past "/" in code point order: every path under `folder/` sorts before `folder` + AFTER_SLASH,
 # and nothing else does that sorts after `folder/`.
 AFTER_SLASH = chr(ord("/") + 1)
-# What the cache holds at most, in manifest entries in all (a few hundred bytes each); one
-# manifest larger than that is still kept, alone.
-CACHED_ENTRIES = 200_000
+# What the cache holds at most, weighed as its manifests' encodings (entry_bytes each; in memory
+# an index takes a few times that); one manifest larger than that is still kept, alone.
+CACHED_BYTES = 64 * 2**20
 
 LAYOUT = tuple(sorted(WORKSPACE_DIRS))
 Child = tuple[str, FileEntry | None]  # a name, and its file (None: a folder)
@@ -89,5 +89,5 @@ EMPTY_INDEX = WorkspaceIndex(())
 class IndexCache(ManifestCache[WorkspaceIndex]):
     """Indexes by manifest sha256, in this process (an immutable manifest is never stale)."""
 
-    def __init__(self, max_entries: int = CACHED_ENTRIES) -> None:
-        super().__init__(max_entries)
+    def __init__(self, max_bytes: int = CACHED_BYTES) -> None:
+        super().__init__(max_bytes)

@@ -304,6 +304,11 @@ def convert_profile(path: Path, name: str, table: dict[str, Any]) -> Profile:
                 f"{path}: {prefix}.storage.{key}: a URL with credentials is accepted only from an "
                 f"environment variable ({variable}), never from the config file"
             )
+    if profile.sandbox.provider == "daytona" and profile.sandbox.daytona is None:
+        raise ConfigError(
+            f"{path}: {prefix}.sandbox.provider is 'daytona' but the profile has no "
+            "[sandbox.daytona] table (see docs/daytona.md)"
+        )
     return profile
 
 

@@ -11,37 +11,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 # What the settings API (PATCH /api/settings) may change is declared here, beside each key, in
-# its type's metadata (fleet_shared.settings_policy reads it):
-# - FILE_ONLY: a key that chooses a host path, an executable, an identity, an exposure or what is
-#   deleted. Only whoever edits the file on disk may change it; a request never can.
-# - SETTINGS_ENV: a key naming an environment variable, with the names a request may give it. A
-#   `*_env` key without one is file-only.
+# its type's metadata (fleet_shared.settings_policy reads it): FILE_ONLY marks a key that chooses
+# a host path, an executable, an identity, an exposure (where a credential is sent included) or
+# what is deleted. Only whoever edits the file on disk may change it; a request never can. Every
+# `*_env` key (it names a variable) is file-only too, whatever its type says.
 FILE_ONLY = {"file_only": True}
-SETTINGS_ENV = "settings_env"
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
 
 EnvName = Annotated[str, msgspec.Meta(pattern=ENV_NAME_PATTERN)]
-# The variable holding an LM's model name: it ends in MODEL, so no request can point it at a key
-# or a token (whose value would then be shown as the model in every stream and log line).
-ModelEnvName = Annotated[
-    str, msgspec.Meta(pattern=ENV_NAME_PATTERN, extra={SETTINGS_ENV: r"^[A-Z0-9_]*MODEL$"})
-]
-LMKeyEnvName = Annotated[
-    str,
-    msgspec.Meta(
-        pattern=ENV_NAME_PATTERN, extra={SETTINGS_ENV: r"^(FLEET_LM_[A-Z0-9_]*|[A-Z0-9_]*_API_KEY)$"}
-    ),
-]
-LMURLEnvName = Annotated[
-    str,
-    msgspec.Meta(
-        pattern=ENV_NAME_PATTERN,
-        extra={SETTINGS_ENV: r"^(FLEET_LM_[A-Z0-9_]*|[A-Z0-9_]*_(BASE_URL|API_BASE))$"},
-    ),
-]
-DaytonaEnvName = Annotated[
-    str, msgspec.Meta(pattern=ENV_NAME_PATTERN, extra={SETTINGS_ENV: r"^(FLEET_)?DAYTONA_[A-Z0-9_]*$"})
-]
 HostPath = Annotated[str, msgspec.Meta(extra=FILE_ONLY)]
 # An address to bind: never empty or blank (that would bind every interface). \Z, not $: a
 # trailing newline must not pass either.
@@ -68,11 +45,13 @@ class LMSection(Section):
     `script` (scripted LMs only) is a JSONL file, relative to the config file's folder.
     """
 
-    model: str | None = None
-    model_env: ModelEnvName | None = None
+    # The model picks the provider, and so where the key goes: file-only, as the key's and the
+    # base URL's variables are.
+    model: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] | None = None
+    model_env: EnvName | None = None
     script: HostPath | None = None
-    api_key_env: LMKeyEnvName | None = None
-    base_url_env: LMURLEnvName | None = None
+    api_key_env: EnvName | None = None
+    base_url_env: EnvName | None = None
     num_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
     # One HTTP request to the provider (a retry gets its own); the Turn settles at its deadline
     # regardless (docs/rlm.md, the provider path).
@@ -126,8 +105,8 @@ class LocalSandboxSection(Section):
 class DaytonaSection(Section):
     """One Daytona sandbox per session (see docs/daytona.md). Secrets are env var names only."""
 
-    api_key_env: DaytonaEnvName = "FLEET_DAYTONA_API_KEY"
-    api_url_env: DaytonaEnvName | None = None
+    api_key_env: EnvName = "FLEET_DAYTONA_API_KEY"
+    api_url_env: EnvName | None = None
     target: str | None = None
     # Which image runs cells and which sandboxes the sweep may delete: each could reach another
     # deployment's, so only the file on disk chooses them.
@@ -136,10 +115,7 @@ class DaytonaSection(Section):
     # that a file written for an older fleet still loads (the worker logs that it is unused).
     volume: Annotated[str | None, msgspec.Meta(extra=FILE_ONLY)] = None
     deployment: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet"  # the `fleet.deployment` label
-    workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000
-    # On a root worker, each workspace is a filesystem of its own of that size and file count,
-    # so the kernel enforces the budget (sandbox/volumes.py); off, the budget is checked only.
-    workspace_volumes: Annotated[bool, msgspec.Meta(extra=FILE_ONLY)] = True  # entries a capture walks
+    workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000  # entries a capture walks
     cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
     startup_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
     create_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120
@@ -179,8 +155,8 @@ class StorageSection(Section):
     max_attachments_per_turn: Annotated[int, msgspec.Meta(ge=0, le=20)] = 10
     # What the blob store may hold, counted from the rows of what it holds (0: no quota): one
     # session's artifacts, and every artifact and attachment of the deployment.
-    quota_session_mb: Annotated[int, msgspec.Meta(ge=0)] = 2_048
-    quota_deployment_mb: Annotated[int, msgspec.Meta(ge=0)] = 20_480
+    quota_session_mb: Annotated[int, msgspec.Meta(ge=0, extra=FILE_ONLY)] = 2_048
+    quota_deployment_mb: Annotated[int, msgspec.Meta(ge=0, extra=FILE_ONLY)] = 20_480
     # A worker's local copy of workspace contents it fetched or stored (scratch: evicted least
     # recently used first past this bound; 0 keeps none). Unused with the local backend.
     workspace_cache_mb: Annotated[int, msgspec.Meta(ge=0, le=1_048_576)] = 2_048
@@ -276,7 +252,8 @@ class Profile(Section):
 
 
 class FileHeader(Section):
-    default_profile: str
+    # Which profile runs decides every file-only key at once: file-only itself.
+    default_profile: Annotated[str, msgspec.Meta(extra=FILE_ONLY)]
 
 
 class ConfigFile(Section):

@@ -113,6 +113,7 @@ def apply_changes(
             document = tomlkit.parse(decode(original, path.name))
         except tomlkit.exceptions.ParseError as exc:
             raise ConfigError(f"{path.name}: invalid TOML: {exc}") from None
+        refuse_new_profiles(document, changes)
         for key, value in changes.items():
             set_key(document, key, value)
         data = tomlkit.dumps(document).encode("utf-8")
@@ -141,6 +142,19 @@ def check_changes(changes: Mapping[str, SettingValue]) -> None:
                     f"{key}: a URL with credentials belongs in an environment variable, "
                     "never in the policy file"
                 )
+
+
+def refuse_new_profiles(document: tomlkit.TOMLDocument, changes: Mapping[str, SettingValue]) -> None:
+    """A request edits the profiles the file has: a new one would bring the defaults of every
+    file-only key (the data dir, the queue, retention, the store), which only the file chooses."""
+    profiles = document.get("profiles")
+    existing = set(profiles) if isinstance(profiles, Table | InlineTable | dict) else set()
+    for key in changes:
+        parts = key.split(".")
+        if parts[0] == "profiles" and len(parts) > 1 and parts[1] not in existing:
+            raise InvalidSettingChange(
+                f"{key}: profile {parts[1]!r} is not in the file; only the file on disk can add one"
+            )
 
 
 def set_key(document: tomlkit.TOMLDocument, key: str, value: SettingValue) -> None:

@@ -10,14 +10,13 @@ the schema does not know is refused too, before any file is read.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import msgspec
 
-from fleet_shared.config_file import FILE_ONLY, SETTINGS_ENV, FileHeader, Profile
+from fleet_shared.config_file import FILE_ONLY, FileHeader, Profile
 from fleet_shared.errors import InvalidSettingChange
 
 FILE_ONLY_KEY = next(iter(FILE_ONLY))
@@ -28,7 +27,6 @@ class KeyRule:
     """What the schema says of one key: the table it is, or the value it holds."""
 
     file_only: bool = False
-    env_names: str | None = None  # the pattern a variable's name must match
     is_table: bool = False
     holds_file_only: bool = False  # a table with a file-only key somewhere inside
 
@@ -36,10 +34,10 @@ class KeyRule:
 def check_change(key: str, value: object) -> None:
     """InvalidSettingChange unless a request may set (or, with None, remove) `key` to `value`."""
     rule = rule_for(key)
-    if rule.file_only:
+    if rule.file_only or key.rsplit(".", 1)[-1].endswith("_env"):
         raise InvalidSettingChange(
-            f"{key}: chooses a host path, an executable, an identity, what is exposed or what is "
-            "deleted; only the file on disk can change it, never a request"
+            f"{key}: only the file on disk can change it, never a request (it chooses a host path, "
+            "an executable, an identity, a variable, the model or profile, what is exposed or deleted)"
         )
     if rule.is_table:
         if value is not None:
@@ -47,17 +45,6 @@ def check_change(key: str, value: object) -> None:
         if rule.holds_file_only:
             raise InvalidSettingChange(
                 f"{key}: holds keys only the file on disk can change; remove the keys inside it instead"
-            )
-        return
-    if value is None:
-        return
-    if key.rsplit(".", 1)[-1].endswith("_env"):
-        if rule.env_names is None:
-            raise InvalidSettingChange(f"{key}: names a secret's variable; only the file on disk sets it")
-        if not (isinstance(value, str) and re.fullmatch(rule.env_names, value)):
-            raise InvalidSettingChange(
-                f"{key}: a request may name only a variable matching {rule.env_names} "
-                "(the NAME of an environment variable, never its value)"
             )
 
 
@@ -96,7 +83,7 @@ def resolve(parts: list[str], node: msgspec.inspect.Type, key: str) -> KeyRule:
     file_only = file_only or bool(extra.get(FILE_ONLY_KEY))
     if isinstance(node, msgspec.inspect.StructType):
         return KeyRule(file_only=file_only, is_table=True, holds_file_only=holds_file_only(node))
-    return KeyRule(file_only=file_only, env_names=extra.get(SETTINGS_ENV))
+    return KeyRule(file_only=file_only)
 
 
 def unwrap(node: msgspec.inspect.Type) -> tuple[msgspec.inspect.Type, dict[str, Any]]:
@@ -118,7 +105,7 @@ def unwrap(node: msgspec.inspect.Type) -> tuple[msgspec.inspect.Type, dict[str, 
 def holds_file_only(node: msgspec.inspect.StructType) -> bool:
     for field in node.fields:
         inner, extra = unwrap(field.type)
-        if extra.get(FILE_ONLY_KEY) or (field.encode_name.endswith("_env") and SETTINGS_ENV not in extra):
+        if extra.get(FILE_ONLY_KEY) or field.encode_name.endswith("_env"):
             return True
         if isinstance(inner, msgspec.inspect.StructType) and holds_file_only(inner):
             return True

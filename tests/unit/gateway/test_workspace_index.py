@@ -4,7 +4,7 @@ by what a request shows however large the manifest; and the per-process cache of
 from __future__ import annotations
 
 from fleet_gateway.workspace_index import IndexCache, WorkspaceIndex
-from fleet_shared.manifests import FileEntry, Manifest
+from fleet_shared.manifests import FileEntry, Manifest, entry_bytes
 
 
 def entry(path: str, size: int = 1) -> FileEntry:
@@ -73,14 +73,24 @@ def test_a_manifest_not_in_path_order_is_sorted_once() -> None:
     assert names(index, "memory") == ([("a", False), ("b", False)], False)
 
 
-def test_the_cache_keeps_recent_indexes_within_its_entry_bound() -> None:
-    cache = IndexCache(max_entries=5)
+def test_the_cache_keeps_recent_indexes_within_its_byte_bound() -> None:
+    one = entry_bytes("a")  # every single-letter name here weighs the same
+    cache = IndexCache(max_bytes=5 * one)
     small, other, large = index_of("a", "b"), index_of("c", "d", "e"), index_of(*"fghijkl")
     cache.put("small", small)
     cache.put("other", other)
     assert cache.get("small") is small  # now the most recent
     cache.put("large", large)  # 7 entries: over the bound alone, kept alone
     assert cache.get("other") is None and cache.get("small") is None and cache.get("large") is large
-    assert cache.held == 7
+    assert cache.held == 7 * one
     cache.put("small", small)
-    assert cache.get("large") is None and cache.get("small") is small and cache.held == 2
+    assert cache.get("large") is None and cache.get("small") is small and cache.held == 2 * one
+
+
+def test_long_paths_weigh_what_they_cost() -> None:
+    """Review of #28: a bound in entries let a few manifests of long paths hold gigabytes."""
+    cache = IndexCache(max_bytes=4 * entry_bytes("a"))
+    short = index_of("a", "b")
+    cache.put("short", short)
+    cache.put("long", index_of("x" * 600))  # one entry, but longer than the rest of the bound
+    assert cache.get("short") is None and cache.held == entry_bytes("x" * 600)

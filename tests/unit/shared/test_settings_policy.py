@@ -1,5 +1,5 @@
 """What a settings request may change: the attack chain's keys (a host interpreter, a data dir,
-a sandbox uid, a secret's variable as the model's) are refused before the file is touched, and
+a sandbox uid, any variable's name, the model, the profile) are refused before the file is touched, and
 startup refuses a hand-edited file that would show a secret as the model name."""
 
 from __future__ import annotations
@@ -80,45 +80,50 @@ def test_keys_that_choose_host_paths_executables_or_identities_are_file_only(
 @pytest.mark.parametrize(
     "change",
     [
-        # F3: the model's name read from the API token, the DB or Redis URL, or the LM's key.
+        # The model's name read from the API token, the DB or Redis URL, or the LM's key; the
+        # model itself (it picks the provider, and so where the key is sent); the LM's key and
+        # URL read from another secret's variable (review of #36: an allowlist by name let
+        # OPENAI_BASE_URL send the key elsewhere).
         {"profiles.offline.llm.root.model": None, "profiles.offline.llm.root.model_env": "FLEET_API_TOKEN"},
-        {
-            "profiles.offline.llm.root.model": None,
-            "profiles.offline.llm.root.model_env": "FLEET_DATABASE_URL",
-        },
-        {"profiles.offline.llm.root.model": None, "profiles.offline.llm.root.model_env": "FLEET_REDIS_URL"},
-        {"profiles.local.llm.root.model_env": "FLEET_LM_API_KEY"},
-        {"profiles.local.llm.root.model_env": "FLEET_LM_BASE_URL"},
-        {"profiles.local.llm.root.api_key_env": "FLEET_API_TOKEN"},
-        {"profiles.local.llm.root.base_url_env": "FLEET_DATABASE_URL"},
-        {"profiles.daytona.sandbox.daytona.api_key_env": "FLEET_REDIS_URL"},
+        {"profiles.local.llm.root.model_env": "FLEET_LM_MODEL"},
+        {"profiles.local.llm.root.api_key_env": "OPENAI_API_KEY"},
+        {"profiles.local.llm.root.base_url_env": "OPENAI_BASE_URL"},
+        {"profiles.offline.llm.root.model": "openai/gpt-test"},
+        {"profiles.daytona.sandbox.daytona.api_key_env": "FLEET_DAYTONA_API_KEY"},
+        {"profiles.daytona.sandbox.daytona.api_url_env": "FLEET_DAYTONA_API_URL"},
+        # Which profile runs, and a profile the file does not have (its defaults would choose
+        # the data dir, the queue and the store), choose every file-only key at once.
+        {"config.default_profile": "local"},
+        {"profiles.fresh.rlm.max_iters": 5},
+        # What the store may hold.
+        {"profiles.offline.storage.quota_session_mb": 0},
+        {"profiles.offline.storage.quota_deployment_mb": 0},
     ],
-    ids=lambda c: "+".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in c.items() if v),
+    ids=lambda c: "+".join(f"{k}={v}" for k, v in c.items() if v),
 )
-def test_a_variable_may_be_named_only_from_its_keys_allowlist(
+def test_what_names_a_variable_or_picks_a_profile_is_file_only(
     config: Path, change: dict[str, object]
 ) -> None:
     before = config.read_bytes()
-    with pytest.raises(InvalidSettingChange, match="may name only a variable matching"):
+    with pytest.raises(InvalidSettingChange, match="only the file on disk"):
         policy_file.apply_changes(config, revision(config), change)  # type: ignore[arg-type]
     assert config.read_bytes() == before
 
 
-def test_allowed_variable_names_still_go_through(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLEET_LM_MODEL", "openai/gpt-test")
-    monkeypatch.setenv("OPENAI_API_KEY", "k")
-    monkeypatch.setenv("FLEET_LM_BASE_URL", "http://127.0.0.1:1/v1")
+def test_what_shapes_a_turn_still_goes_through(config: Path) -> None:
     policy_file.apply_changes(
         config,
         revision(config),
         {
-            "profiles.local.llm.root.api_key_env": "OPENAI_API_KEY",
-            "profiles.local.llm.sub.model_env": "FLEET_LM_MODEL",
-            "profiles.daytona.sandbox.daytona.api_url_env": "FLEET_DAYTONA_API_URL",
+            "profiles.offline.rlm.max_iters": 7,
+            "profiles.offline.llm.root.temperature": 0.5,
+            "profiles.offline.sandbox.local.cell_timeout_seconds": 30,
+            "profiles.offline.storage.max_attachments_per_turn": 4,
         },
-        keep_profiles=["local"],
     )
-    assert 'api_key_env = "OPENAI_API_KEY"' in config.read_text()
+    settings = load_settings({"FLEET_CONFIG": str(config), "FLEET_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert settings.profile.rlm.max_iters == 7
+    assert settings.profile.sandbox.local.cell_timeout_seconds == 30
 
 
 def hand_edited(config: Path, old: str, new: str) -> dict[str, str]:

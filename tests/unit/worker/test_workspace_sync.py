@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from fleet_shared import manifests
 from fleet_shared.blobs import BlobStore
-from fleet_shared.manifests import FileEntry, Manifest, object_key
+from fleet_shared.manifests import MAX_PATH_BYTES, FileEntry, Manifest, entry_bytes, object_key
 from fleet_worker.sandbox.provider import OverQuota
 from fleet_worker.sandbox.sync import Baseline, capture, materialise
 from fleet_worker.workspace_objects import WorkspaceObjects
@@ -155,6 +156,33 @@ def test_capture_over_the_room_stores_nothing(tmp_path: Path, objects: Workspace
         )
     stored = objects.blobs.folder
     assert stored is not None and not (stored / "workspaces").exists()
+
+
+def test_a_path_longer_than_a_manifest_keeps_is_left_out(tmp_path: Path, objects: WorkspaceObjects) -> None:
+    """Review of #28: 100,000 files of 4 KiB paths made a manifest of 400 MB that every claim
+    and every files API request decoded. A path past MAX_PATH_BYTES is not kept."""
+    folder = tmp_path / "ws"
+    kept = "memory/" + "/".join(["k" * 200] * 5) + "/f"  # 1,013 bytes
+    dropped = "memory/" + "/".join(["d" * 220] * 5) + "/f"  # 1,113 bytes
+    for relative in (kept, dropped):
+        (folder / relative).parent.mkdir(parents=True)
+        (folder / relative).write_text("x")
+    assert len(kept) <= MAX_PATH_BYTES < len(dropped)
+    manifest = capture(folder, {}, objects, 100).manifest
+    assert [entry.path for entry in manifest.entries] == [kept]
+
+
+def test_a_capture_stops_at_the_manifests_byte_bound(
+    tmp_path: Path, objects: WorkspaceObjects, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "ws"
+    (folder / "memory").mkdir(parents=True)
+    names = [f"memory/{i:03d}-" + "n" * 200 for i in range(30)]
+    for relative in names:
+        (folder / relative).write_text("x")
+    monkeypatch.setattr(manifests, "MAX_MANIFEST_BYTES", 10 * entry_bytes(names[0]))
+    manifest = capture(folder, {}, objects, 100).manifest
+    assert len(manifest.entries) == 10 and len(manifest.encode()) <= manifests.MAX_MANIFEST_BYTES
 
 
 def test_a_manifest_round_trips_its_canonical_encoding() -> None:

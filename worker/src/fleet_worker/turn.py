@@ -49,7 +49,7 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 SETTLE_GRACE_SECONDS = 60.0  # the commit may retry this long past the Turn's deadline
 PUBLISH_TERMINAL_SECONDS = 30.0
-MANIFEST_ENTRIES = 200_000  # manifests' entries held at most, in all (a few hundred bytes each)
+MANIFEST_CACHE_BYTES = 64 * 2**20  # manifests held at most, weighed as their encodings
 
 
 @dataclass
@@ -68,7 +68,7 @@ class WorkerDeps:
     cancels: ControlListener
     worker_id: str = "worker"
     # Manifests this worker decoded or captured: a warm session's claim reads no entries.
-    manifests: ManifestCache[Manifest] = field(default_factory=lambda: ManifestCache(MANIFEST_ENTRIES))
+    manifests: ManifestCache[Manifest] = field(default_factory=lambda: ManifestCache(MANIFEST_CACHE_BYTES))
 
 
 @dataclass(frozen=True)

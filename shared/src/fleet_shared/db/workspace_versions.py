@@ -9,7 +9,6 @@ from typing import Any
 
 import msgspec
 from sqlalchemy import (
-    BigInteger,
     ColumnElement,
     String,
     and_,
@@ -190,14 +189,16 @@ async def version_page(
 
 def copy_versions_on(db: OrmSession, source_id: str, target_id: str, up_to: int) -> None:
     """A fork's versions: the source's first `up_to`, same numbers, manifests and Runs, in the
-    caller's transaction. Rows only: the manifests and their objects are shared, and the copies
-    add no bytes (`added_bytes` 0), so no quota counts them twice."""
+    caller's transaction. Rows only: the manifests and their objects are shared. The copies
+    count the bytes their originals count: each session's quota counts what it refers to, and
+    a fork outlives its parent's versions (retention, the parent's deletion) with nothing
+    uncounted. The deployment's total counts shared bytes once per session, never less."""
     copied = select(
         literal(target_id, String),
         WorkspaceVersion.version,
         WorkspaceVersion.manifest_sha256,
         WorkspaceVersion.run_id,
-        literal(0, BigInteger),
+        WorkspaceVersion.added_bytes,
         WorkspaceVersion.created_at,
     ).where(WorkspaceVersion.workspace_id == source_id, WorkspaceVersion.version <= up_to)
     columns = ["workspace_id", "version", "manifest_sha256", "run_id", "added_bytes", "created_at"]

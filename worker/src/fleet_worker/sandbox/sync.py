@@ -30,7 +30,7 @@ from pathlib import Path
 import structlog
 
 from fleet_shared.confined import DIR_FLAGS, FILE_FLAGS, opened_dir, opened_inside, walk
-from fleet_shared.manifests import WORKSPACE_DIRS, FileEntry, Manifest
+from fleet_shared.manifests import WORKSPACE_DIRS, CaptureBound, FileEntry, Manifest
 from fleet_worker.sandbox.provider import Captured, OverQuota, Room, no_quota
 from fleet_worker.sandbox.removal import empty_folder
 from fleet_worker.sandbox.workspace import ensure_dir, prepare_layout
@@ -256,11 +256,11 @@ def capture(
     entries: dict[str, FileEntry] = {}
     known: Baseline = {}
     changed: list[tuple[str, int]] = []  # relative path, mode
+    bound = CaptureBound(max_files)
     for _fd, _name, info, relative in walk(folder):
-        if not stat.S_ISREG(info.st_mode) or relative in WORKSPACE_DIRS or not addressable(relative):
+        if not stat.S_ISREG(info.st_mode) or relative in WORKSPACE_DIRS or not bound.keeps(relative):
             continue  # a file where a layout folder belongs goes at the next lease, as ever
-        if len(entries) + len(changed) >= max_files:
-            log.warning("workspace.capture_truncated", files=max_files)
+        if not bound.takes(relative):
             break
         mode = stat.S_IMODE(info.st_mode) & MODE_BITS
         record = baseline.get(relative)
@@ -269,6 +269,7 @@ def capture(
             entries[relative] = FileEntry(relative, record.size, mode, record.sha256, record.mtime_ns)
         else:
             changed.append((relative, mode))
+    bound.report()
     adding = sum(size_of(folder, relative) for relative, _mode in changed if relative not in counted)
     refusal = room(adding) if adding else None
     if refusal is not None:
@@ -307,15 +308,6 @@ def store_file(folder: Path, relative: str, objects: WorkspaceObjects) -> Known 
         # It changed while it was read: stored as read, and hashed again next time.
         return Known(size, after.st_mtime_ns, -1, after.st_ino, sha256)
     return Known.of(after, sha256)
-
-
-def addressable(relative: str) -> bool:
-    """A path a manifest (UTF-8 JSON) and a client can hold: no undecodable bytes."""
-    try:
-        relative.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class VersionedFolders:

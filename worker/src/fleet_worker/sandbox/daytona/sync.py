@@ -31,12 +31,12 @@ from typing import Any
 import structlog
 from daytona import DaytonaNotFoundError, FileUpload
 
-from fleet_shared.manifests import WORKSPACE_DIRS, FileEntry, Manifest
+from fleet_shared.manifests import WORKSPACE_DIRS, CaptureBound, FileEntry, Manifest
 from fleet_worker.sandbox.daytona.files import DaytonaWorkspaceFiles, RemoteReader
 from fleet_worker.sandbox.daytona.listing import Listed, plain_name, walk
 from fleet_worker.sandbox.errors import SandboxError
 from fleet_worker.sandbox.provider import Captured, OverQuota, Room, no_quota
-from fleet_worker.sandbox.sync import addressable, parents_of
+from fleet_worker.sandbox.sync import parents_of
 from fleet_worker.workspace_objects import WorkspaceObjects
 
 log = structlog.get_logger(__name__)
@@ -183,20 +183,22 @@ def capture(
     entries: dict[str, FileEntry] = {}
     known: Record = {}
     changed: list[Listed] = []
-    walked = 0
-    for item in walk(files.sandbox, files.root):
-        walked += 1
-        if walked > max_files:
-            log.warning("workspace.capture_truncated", files=max_files)
+    bound = CaptureBound(max_files)
+    for walked, item in enumerate(walk(files.sandbox, files.root), start=1):
+        if walked > max_files:  # folders too: each is a request to the daemon
+            log.warning("workspace.capture_truncated", files=bound.files, entries_walked=max_files)
             break
-        if item.kind != "file" or item.relative in WORKSPACE_DIRS or not addressable(item.relative):
+        if item.kind != "file" or item.relative in WORKSPACE_DIRS or not bound.keeps(item.relative):
             continue  # a file where a layout folder belongs goes at the next lease
+        if not bound.takes(item.relative):
+            break
         record_of = record.get(item.relative)
         if record_of is not None and record_of.holds(item):
             known[item.relative] = record_of
             entries[item.relative] = record_of.entry(item.relative, item.mode)
         else:
             changed.append(item)
+    bound.report()
     adding = sum(item.size for item in changed if item.relative not in counted)
     refusal = room(adding) if adding else None  # the usage is read only when something is stored
     if refusal is not None:
