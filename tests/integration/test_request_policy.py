@@ -160,7 +160,9 @@ def secret(value: str) -> Any:
     return Secret(value)
 
 
-def test_a_host_name_from_the_environment_must_be_one(sqlite_url: str, redis_url: str) -> None:
+@pytest.mark.parametrize("name", ["bad name", "fleet.example:8000", "a..b", "[not-an-address]"])
+def test_a_host_name_from_the_environment_must_be_one(redis_url: str, name: str) -> None:
+    """A port is refused too: the Host check drops it, so "name:8000" would never match."""
     from fleet_shared.errors import ConfigError
 
     with pytest.raises(ConfigError, match="FLEET_ALLOWED_HOSTS"):
@@ -168,7 +170,7 @@ def test_a_host_name_from_the_environment_must_be_one(sqlite_url: str, redis_url
             {
                 "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
                 "FLEET_REDIS_URL": redis_url,
-                "FLEET_ALLOWED_HOSTS": "ok.example, bad name",
+                "FLEET_ALLOWED_HOSTS": f"ok.example, {name}",
             }
         )
 
@@ -176,3 +178,42 @@ def test_a_host_name_from_the_environment_must_be_one(sqlite_url: str, redis_url
 def test_the_app_without_a_peer_wrapper_is_the_same_app(sqlite_url: str, redis_url: str) -> None:
     with TestClient(create_app(settings_for(sqlite_url, redis_url))) as client:
         assert client.get("/health", headers={"host": REBOUND}).status_code == 421
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("origin", "https://app.example.com"), ("origin", ATTACKER)],
+        [("origin", ATTACKER), ("origin", "https://app.example.com")],
+        [("sec-fetch-site", "cross-site"), ("sec-fetch-site", "same-origin")],
+    ],
+)
+def test_a_header_the_policy_reads_may_come_only_once(
+    client: TestClient, headers: list[tuple[str, str]]
+) -> None:  # type: ignore[type-arg]
+    """Two values would let the check read one and a proxy or handler another."""
+    response = client.post("/api/sessions", json={"title": "twice"}, headers=headers)
+    assert response.status_code == 400 and response.json()["code"] == "duplicate_header"
+    assert sessions_named(client, "twice") == 0
+
+
+@pytest.mark.parametrize("name", ["host", "origin", "sec-fetch-site"])
+def test_repeated_on_the_wire_as_well(sqlite_url: str, redis_url: str, name: str) -> None:
+    """The test client joins repeated headers; a server hands them over one by one."""
+    from fleet_gateway.origins import RequestPolicy, refusal
+
+    policy = RequestPolicy.of(settings_for(sqlite_url, redis_url))
+    first = {"host": b"localhost:8000", "origin": b"http://localhost:8000", "sec-fetch-site": b"cross-site"}
+    second = {"host": REBOUND.encode(), "origin": ATTACKER.encode(), "sec-fetch-site": b"same-origin"}
+    headers = [(b"host", b"localhost:8000"), (name.encode(), first[name]), (name.encode(), second[name])]
+    scope: Any = {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/sessions",
+        "headers": headers[name == "host" :],
+    }
+    assert refusal(policy, scope) == (
+        400,
+        "duplicate_header",
+        f"the header {name} may come only once, with one value",
+    )

@@ -29,6 +29,9 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BROWSER_OTHER_SITES = frozenset({"cross-site", "same-site"})  # Sec-Fetch-Site from another origin
 UPLOAD_PATH = "/api/attachments"
 UPLOAD_HEADERS = ("authorization", "x-requested-with")
+# Headers this policy decides by: each may come once, and never as a list (a proxy may join repeated
+# headers with commas), so that no proxy or handler can read a value other than the one checked.
+SINGLE_HEADERS = frozenset({"host", "origin", "sec-fetch-site"})
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,12 @@ Refusal = tuple[int, str, str]
 
 def refusal(policy: RequestPolicy, scope: Scope) -> Refusal | None:
     """Why the gateway must not serve this request, or None."""
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    headers: dict[str, str] = {}
+    for key, value in scope.get("headers", []):
+        header, text = key.decode("latin-1").lower(), value.decode("latin-1")
+        if header in SINGLE_HEADERS and (header in headers or "," in text):
+            return 400, "duplicate_header", f"the header {header} may come only once, with one value"
+        headers[header] = text
     host = headers.get("host", "")
     name = host_name(host)
     server = scope.get("server") or ("", None)

@@ -24,8 +24,14 @@ HostPath = Annotated[str, msgspec.Meta(extra=FILE_ONLY)]
 # trailing newline must not pass either.
 BIND_HOST_PATTERN = r"^\S+\Z"
 BindHost = Annotated[str, msgspec.Meta(min_length=1, pattern=BIND_HOST_PATTERN, extra=FILE_ONLY)]
-# A host name the gateway answers to (a leading dot matches every subdomain; "*" any name).
-HOST_NAME_PATTERN = r"^(\*|\.?[A-Za-z0-9_.:\[\]-]+)\Z"
+# A host name the gateway answers to, without a port (the Host check drops the port): a name (a
+# leading dot matches every subdomain), an IPv4 or IPv6 address (bracketed or not), or "*" any name.
+HOST_NAME_PATTERN = (
+    r"^(\*"
+    r"|\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?"  # a name
+    r"|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f]*:[0-9A-Fa-f]*:[0-9A-Fa-f:.]*"  # an IPv6 address
+    r")\Z"
+)
 HostName = Annotated[str, msgspec.Meta(min_length=1, max_length=253, pattern=HOST_NAME_PATTERN)]
 Origin = Annotated[str, msgspec.Meta(min_length=1, max_length=300, pattern=r"^https?://[^\s/]+\Z")]
 
