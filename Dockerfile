@@ -72,11 +72,12 @@ RUN --mount=type=cache,target=/root/.cache/uv \
 
 # ---------------------------------------------------------------------------------------------
 # runtime: what every target shares. tini is PID 1: it forwards SIGTERM to fleet (so gateways
-# and workers drain) and reaps the zombie each bwrap leaves behind.
+# and workers drain) and reaps the zombie each bwrap leaves behind. e2fsprogs: mkfs.ext4, for a
+# privileged worker's workspace volumes (the kernel-enforced workspace budget).
 FROM base AS runtime
 
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends tini \
+    && apt-get install -y --no-install-recommends tini e2fsprogs \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 fleet \
     && useradd --system --uid 10001 --gid 10001 --home-dir /app --no-create-home \

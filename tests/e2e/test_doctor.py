@@ -113,9 +113,12 @@ def test_a_healthy_install_passes_every_check(redis_url: str, head_db: str) -> N
         "sandbox.userns",
         "sandbox.cgroups",
         "sandbox.seccomp",
+        "sandbox.workspace_budget",
         "sandbox.cell",
         "provider",
     ]
+    # This machine's tests run as root with e2fsprogs: the kernel holds the budget.
+    assert checks["sandbox.workspace_budget"]["status"] == ("ok" if os.geteuid() == 0 else "warn")
     assert checks["database"]["status"] == "ok" and "at head" in checks["database"]["detail"]
     assert checks["store"]["status"] == "ok" and "put, read back and deleted" in checks["store"]["detail"]
     assert checks["redis"]["status"] == "ok" and "answered PING" in checks["redis"]["detail"]

@@ -107,3 +107,16 @@ def test_a_host_that_refuses_the_cpu_weight_keeps_the_sandbox_cgroups(tmp_path: 
         path.mkdir(parents=True)
     (own["cpu"] / GROUP / "cpu.shares").mkdir(parents=True)  # a write to it fails (EISDIR)
     assert find_v1(own) == (tuple(own[c] / GROUP for c in CONTROLLERS), 1)
+
+
+def test_the_doctor_says_who_holds_the_workspace_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet_worker.sandbox import doctor
+
+    monkeypatch.setattr(doctor.WorkspaceVolumes, "available", staticmethod(lambda: True))
+    held = doctor.check_workspace_budget(LocalSandboxConfig(workspace_mb=64))
+    assert held.status == "ok" and "ext4 volume of 64 MiB" in held.detail
+    off = doctor.check_workspace_budget(LocalSandboxConfig(workspace_volumes=False))
+    assert off.status == "warn" and "workspace_volumes = false" in off.detail and off.fix is None
+    monkeypatch.setattr(doctor.WorkspaceVolumes, "available", staticmethod(lambda: False))
+    unable = doctor.check_workspace_budget(LocalSandboxConfig())
+    assert unable.status == "warn" and "cannot mount" in unable.detail and "privileged" in (unable.fix or "")

@@ -42,6 +42,7 @@ from fleet_worker.sandbox.jail import LocalSandboxConfig, local_sandbox_config
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.removal import remove_tree
 from fleet_worker.sandbox.syscalls import build_filter
+from fleet_worker.sandbox.volumes import WorkspaceVolumes
 
 # The doctor must answer within a bounded time, whatever the profile allows a real cell.
 CELL_TIMEOUT_SECONDS = 20.0
@@ -70,6 +71,10 @@ CGROUPS_FIX = (
     "controllers (cgroup v2: delegated to the worker's cgroup); see docs/security.md"
 )
 SECCOMP_FIX = "apt-get install libseccomp2 (the worker's pyseccomp drives it)"
+VOLUMES_FIX = (
+    "for a kernel-enforced workspace budget run the worker as root with e2fsprogs (mkfs.ext4) and "
+    "loop devices (the chart's privileged mode); see docs/security.md"
+)
 
 
 def check_sandbox(settings: Settings) -> list[Check]:
@@ -89,6 +94,7 @@ def check_sandbox(settings: Settings) -> list[Check]:
         check_userns(sandbox_works=works),
         check_cgroups(cfg, view),
         check_seccomp(),
+        check_workspace_budget(cfg),
         cell,
     ]
 
@@ -209,6 +215,21 @@ def check_seccomp() -> Check:
         return Check(name="sandbox.seccomp", status="warn", detail=detail, fix=SECCOMP_FIX)
     detail = f"libseccomp built the syscall filter ({len(program)} bytes)"
     return Check(name="sandbox.seccomp", status="ok", detail=detail)
+
+
+def check_workspace_budget(cfg: LocalSandboxConfig) -> Check:
+    """Whether the kernel holds each workspace to its budget, or only the worker's check does."""
+    budget = f"{cfg.workspace_mb} MiB and {cfg.workspace_files} entries"
+    if cfg.workspace_volumes and WorkspaceVolumes.available():
+        detail = f"each workspace is a loop-mounted ext4 volume of {budget}: a write past it gets ENOSPC"
+        return Check(name="sandbox.workspace_budget", status="ok", detail=detail)
+    why = "sandbox.local.workspace_volumes = false" if not cfg.workspace_volumes else "cannot mount volumes"
+    detail = (
+        f"{budget}, checked while cells run ({why}): a fast writer passes it until it is stopped, "
+        "then what it wrote past the budget is removed"
+    )
+    fix = None if not cfg.workspace_volumes else VOLUMES_FIX
+    return Check(name="sandbox.workspace_budget", status="warn", detail=detail, fix=fix)
 
 
 class DoctorCgroups(Cgroups):
