@@ -215,8 +215,6 @@ async def test_commit_is_fenced_by_attempt(sessions: async_sessionmaker[AsyncSes
         run = await runs.start_run(db, claimed.run.id)
         assert run is not None
         run_id, attempt, user_sequence = run.id, run.attempt, run.user_sequence
-        assert await runs.apply_transition(db, run_id, RunStatus.RUNNING, RunCommand.SETTLE, attempt=attempt)
-        await db.commit()
         events = [
             Reasoning(run_id=run_id, seq=1, part_id="r1", text="think"),
             RunCompleted(run_id=run_id, seq=2, duration_ms=5),
@@ -225,7 +223,7 @@ async def test_commit_is_fenced_by_attempt(sessions: async_sessionmaker[AsyncSes
             run_id=run_id,
             session_id=session_id,
             attempt=attempt + 1,  # a stale or foreign attempt
-            current=RunStatus.SETTLING,
+            current=RunStatus.RUNNING,
             command=RunCommand.COMPLETE,
             sequence=user_sequence + 1,
             parts=[{"type": "text", "text": "late"}],
@@ -244,7 +242,7 @@ async def test_commit_is_fenced_by_attempt(sessions: async_sessionmaker[AsyncSes
         turns = await queries.list_turns(db, session_id, after_sequence=0, limit=10)
         assert [t.role for t in turns] == ["user", "assistant"]
         assert await queries.load_run_events(db, run_id) == events
-        # A second commit of the same Run is refused: it is no longer settling.
+        # A second commit of the same Run is refused: it is no longer running.
         assert not await runs.commit_settlement(db, mine)
 
 

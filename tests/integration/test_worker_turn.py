@@ -25,7 +25,7 @@ def settlement_of(run: Any, command: Any, events: list[RunEvent], failure_code: 
         run_id=run.id,
         session_id=run.session_id,
         attempt=run.attempt,
-        current=RunStatus.SETTLING,
+        current=RunStatus.RUNNING,
         command=command,
         sequence=run.user_sequence + 1,
         parts=[],

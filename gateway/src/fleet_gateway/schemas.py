@@ -166,7 +166,7 @@ class RunOut(msgspec.Struct, frozen=True, kw_only=True):
 
     id: str
     session_id: str
-    status: Literal["queued", "running", "settling", "completed", "failed", "cancelled", "timed_out"]
+    status: Literal["queued", "running", "completed", "failed", "cancelled", "timed_out"]
     attempt: int
     model: str
     created_at: str

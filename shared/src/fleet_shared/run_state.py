@@ -12,7 +12,6 @@ from fleet_shared.errors import InvalidTransition
 class RunStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
-    SETTLING = "settling"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -21,7 +20,6 @@ class RunStatus(StrEnum):
 
 class RunCommand(StrEnum):
     START = "start"  # a worker claims the queued job
-    SETTLE = "settle"  # the RLM returned; the worker is committing
     COMPLETE = "complete"
     FAIL = "fail"
     CANCEL = "cancel"
@@ -29,7 +27,9 @@ class RunCommand(StrEnum):
     TAKE_OVER = "take_over"  # a sweeper claims a Run whose worker lost its lease, to settle it
 
 
-ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SETTLING})
+# A Run being settled stays `running` until its one commit writes its ending: the commit is a
+# single transaction, so no reader could ever see a status in between.
+ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 TERMINAL_STATUSES = frozenset(set(RunStatus) - ACTIVE_STATUSES)
 # Commands that claim the Run for a new owner: each bumps `attempt`, which fences the old owner.
 CLAIMS = frozenset({RunCommand.START, RunCommand.TAKE_OVER})
@@ -39,16 +39,11 @@ TRANSITIONS: dict[tuple[RunStatus, RunCommand], RunStatus] = {
     (S.QUEUED, C.START): S.RUNNING,
     (S.QUEUED, C.FAIL): S.FAILED,
     (S.QUEUED, C.CANCEL): S.CANCELLED,
-    (S.RUNNING, C.SETTLE): S.SETTLING,
+    (S.RUNNING, C.COMPLETE): S.COMPLETED,
     (S.RUNNING, C.FAIL): S.FAILED,
     (S.RUNNING, C.CANCEL): S.CANCELLED,
     (S.RUNNING, C.TIME_OUT): S.TIMED_OUT,
     (S.RUNNING, C.TAKE_OVER): S.RUNNING,
-    (S.SETTLING, C.COMPLETE): S.COMPLETED,
-    (S.SETTLING, C.FAIL): S.FAILED,
-    (S.SETTLING, C.CANCEL): S.CANCELLED,
-    (S.SETTLING, C.TIME_OUT): S.TIMED_OUT,
-    (S.SETTLING, C.TAKE_OVER): S.SETTLING,
 }
 del S, C
 
@@ -69,23 +64,11 @@ def decide(current: RunStatus, command: RunCommand) -> Decision:
 
 
 def decide_ending(current: RunStatus, command: RunCommand) -> Decision:
-    """End a Run in one step from `current`, or from the status a `settle` would lead to.
-
-    The worker commits its ending in one transaction straight from `running`: the table's
-    running → settling → end path, taken in one UPDATE that accepts either status.
-    """
-    direct = TRANSITIONS.get((current, command))
-    settling = TRANSITIONS.get((current, RunCommand.SETTLE))
-    via = TRANSITIONS.get((settling, command)) if settling is not None else None
-    target = direct or via
-    if target is None or target in ACTIVE_STATUSES or (direct and via and direct != via):
+    """End a Run from `current`: a transition of the table whose target is terminal."""
+    decision = decide(current, command)
+    if decision.target in ACTIVE_STATUSES:
         raise InvalidTransition(f"cannot end a run that is {current.value} with {command.value}")
-    sources = {current} if direct else set()
-    if via == target and settling is not None:
-        sources.add(settling)
-        if TRANSITIONS.get((current, RunCommand.SETTLE)) == settling:
-            sources.add(current)
-    return Decision(frozenset(sources), target, bumps_attempt=False)
+    return decision
 
 
 def is_terminal(status: RunStatus | str) -> bool:

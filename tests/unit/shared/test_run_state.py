@@ -26,16 +26,11 @@ EXPECTED: dict[tuple[RunStatus, RunCommand], RunStatus] = {
     (S.QUEUED, C.START): S.RUNNING,
     (S.QUEUED, C.FAIL): S.FAILED,
     (S.QUEUED, C.CANCEL): S.CANCELLED,
-    (S.RUNNING, C.SETTLE): S.SETTLING,
+    (S.RUNNING, C.COMPLETE): S.COMPLETED,
     (S.RUNNING, C.FAIL): S.FAILED,
     (S.RUNNING, C.CANCEL): S.CANCELLED,
     (S.RUNNING, C.TIME_OUT): S.TIMED_OUT,
     (S.RUNNING, C.TAKE_OVER): S.RUNNING,
-    (S.SETTLING, C.COMPLETE): S.COMPLETED,
-    (S.SETTLING, C.FAIL): S.FAILED,
-    (S.SETTLING, C.CANCEL): S.CANCELLED,
-    (S.SETTLING, C.TIME_OUT): S.TIMED_OUT,
-    (S.SETTLING, C.TAKE_OVER): S.SETTLING,
 }
 CLAIMING = {C.START, C.TAKE_OVER}
 TERMINAL = {S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMED_OUT}
@@ -46,7 +41,6 @@ def test_enums_are_the_documented_values() -> None:
     assert [s.value for s in RunStatus] == [
         "queued",
         "running",
-        "settling",
         "completed",
         "failed",
         "cancelled",
@@ -54,7 +48,6 @@ def test_enums_are_the_documented_values() -> None:
     ]
     assert [c.value for c in RunCommand] == [
         "start",
-        "settle",
         "complete",
         "fail",
         "cancel",
@@ -94,14 +87,10 @@ def test_only_claims_bump_attempt(status: RunStatus, command: RunCommand) -> Non
 
 # Ending a Run in one UPDATE: from where it may stand, to where the table leads, never elsewhere.
 ENDINGS = {
-    (S.RUNNING, C.COMPLETE): ({S.RUNNING, S.SETTLING}, S.COMPLETED),
-    (S.RUNNING, C.FAIL): ({S.RUNNING, S.SETTLING}, S.FAILED),
-    (S.RUNNING, C.CANCEL): ({S.RUNNING, S.SETTLING}, S.CANCELLED),
-    (S.RUNNING, C.TIME_OUT): ({S.RUNNING, S.SETTLING}, S.TIMED_OUT),
-    (S.SETTLING, C.COMPLETE): ({S.SETTLING}, S.COMPLETED),
-    (S.SETTLING, C.FAIL): ({S.SETTLING}, S.FAILED),
-    (S.SETTLING, C.CANCEL): ({S.SETTLING}, S.CANCELLED),
-    (S.SETTLING, C.TIME_OUT): ({S.SETTLING}, S.TIMED_OUT),
+    (S.RUNNING, C.COMPLETE): ({S.RUNNING}, S.COMPLETED),
+    (S.RUNNING, C.FAIL): ({S.RUNNING}, S.FAILED),
+    (S.RUNNING, C.CANCEL): ({S.RUNNING}, S.CANCELLED),
+    (S.RUNNING, C.TIME_OUT): ({S.RUNNING}, S.TIMED_OUT),
     (S.QUEUED, C.FAIL): ({S.QUEUED}, S.FAILED),
     (S.QUEUED, C.CANCEL): ({S.QUEUED}, S.CANCELLED),
 }
@@ -127,10 +116,7 @@ def test_every_active_status_can_fail_and_cancel() -> None:
 def test_every_target_is_reachable_and_every_terminal_status_is_a_sink() -> None:
     targets = set(EXPECTED.values())
     assert targets == set(RunStatus) - {RunStatus.QUEUED}
-    assert all(
-        target in TERMINAL or command in CLAIMING or command is RunCommand.SETTLE
-        for (_status, command), target in EXPECTED.items()
-    )
+    assert all(target in TERMINAL or command in CLAIMING for (_status, command), target in EXPECTED.items())
     assert {status for status, _ in EXPECTED} == set(ACTIVE_STATUSES)
 
 

@@ -35,6 +35,7 @@ REVISIONS = (
     "0005_skills_and_task",
     "0006_feedback",
     "0007_workspace_versions",
+    "0008_no_settling_status",
 )
 HEAD_REVISION = REVISIONS[-1]
 CONNECT_TIMEOUT_SECONDS = 5

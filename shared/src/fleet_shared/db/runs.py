@@ -25,7 +25,7 @@ from fleet_shared.ids import new_id
 from fleet_shared.run_state import ACTIVE_STATUSES, Decision, RunCommand, RunStatus, decide, decide_ending
 from fleet_shared.transcript import tombstone_parts
 
-TERMINAL_OR_QUEUED = frozenset(set(RunStatus) - {RunStatus.RUNNING, RunStatus.SETTLING})
+TERMINAL_OR_QUEUED = frozenset(set(RunStatus) - {RunStatus.RUNNING})
 
 log = structlog.get_logger(__name__)
 
@@ -256,7 +256,7 @@ def commit_settlement_on(db: OrmSession, s: Settlement) -> bool:
 async def stale_active_run_ids(
     db: AsyncSession, *, started_before: datetime, limit: int = 10_000
 ) -> list[str]:
-    """Ids of running or settling Runs that started before the cutoff: the reaper's candidates.
+    """Ids of running Runs that started before the cutoff: the reaper's candidates.
 
     Ids only, so the reaper can check every lease at once and a crowd of healthy long Runs
     never hides a lost one behind a page limit.
@@ -264,7 +264,7 @@ async def stale_active_run_ids(
     rows = await db.scalars(
         select(Run.id)
         .where(
-            Run.status.in_([RunStatus.RUNNING.value, RunStatus.SETTLING.value]),
+            Run.status == RunStatus.RUNNING.value,
             Run.started_at < started_before,
         )
         .order_by(Run.started_at)
