@@ -15,6 +15,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from fleet_cli.sides import refuse_without
+from fleet_shared.backoff import Backoff
 from fleet_shared.config import Settings, config_summary, load_settings
 from fleet_shared.config_file import BIND_HOST_PATTERN
 from fleet_shared.errors import ConfigError
@@ -304,7 +305,7 @@ async def serve_through_outages(worker: Any, stop_signals: list[object]) -> None
     keep going meanwhile (they ride out Redis faults on their own), and new jobs are picked up as
     soon as Redis is back: nothing waits for the longest Turn."""
     log = structlog.get_logger("fleet")
-    delay = 1.0
+    backoff = Backoff(1.0, 30.0)
     while not stop_signals:
         try:
             await worker.async_run()
@@ -314,9 +315,9 @@ async def serve_through_outages(worker: Any, stop_signals: list[object]) -> None
         except (RedisError, OSError) as exc:
             if stop_signals:
                 return
+            delay = backoff.next()
             log.warning("worker.redis_unavailable", error_type=type(exc).__name__, retry_in=delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
 
 
 async def close_worker(worker: Any) -> None:

@@ -10,15 +10,13 @@ from collections.abc import AsyncIterator
 import msgspec
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from fleet_shared import event_log
 from fleet_shared.events import RunEvent, decode_event
+from fleet_shared.subscription import ResilientSubscription
 
 log = structlog.get_logger(__name__)
 
-MIN_RETRY_SECONDS = 0.2
-MAX_RETRY_SECONDS = 5.0
 ALARM_SLACK_SECONDS = 0.001
 RESYNC = None  # queued to every subscriber after a reconnect: "re-read the log, you may have a gap"
 
@@ -100,10 +98,17 @@ class EventFanout:
         self.redis = redis
         self.subscribers: dict[str, set[Inbox]] = defaultdict(set)
         self.task: asyncio.Task[None] | None = None
-        self.connected = asyncio.Event()
+        self.subscription = ResilientSubscription(
+            redis,
+            [event_log.events_channel(redis)],
+            lambda _channel, data: self.dispatch(data),
+            name="fanout",
+            on_connected=self.resync,
+        )
+        self.connected = self.subscription.connected
 
     async def start(self) -> None:
-        self.task = asyncio.create_task(self.listen_forever(), name="fleet-fanout")
+        self.task = asyncio.create_task(self.subscription.run_forever(), name="fleet-fanout")
 
     async def stop(self) -> None:
         for inboxes in self.subscribers.values():
@@ -132,35 +137,8 @@ class EventFanout:
     def active_streams(self) -> int:
         return sum(len(inboxes) for inboxes in self.subscribers.values())
 
-    async def listen_forever(self) -> None:
-        delay = MIN_RETRY_SECONDS
-        while True:
-            try:
-                await self.listen_once()
-            except Exception as exc:  # any failure: log it and listen again, never die
-                # Not only Redis errors: a client that cannot even connect (a TypeError once)
-                # must not end the fan-out silently and leave streams on the heartbeat poll.
-                if self.connected.is_set():
-                    delay = MIN_RETRY_SECONDS  # it was up: start the back-off again
-                self.connected.clear()
-                log.warning(
-                    "fanout.disconnected", error_type=type(exc).__name__, error=str(exc), retry_in=delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_RETRY_SECONDS)
-
-    async def listen_once(self) -> None:
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        try:
-            await pubsub.subscribe(event_log.events_channel(self.redis))
-            self.connected.set()
-            self.broadcast_resync()  # anything published while we were away is in the logs
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
-                    self.dispatch(message["data"])
-        finally:
-            with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+    async def resync(self) -> None:
+        self.broadcast_resync()  # anything published while we were away is in the logs
 
     def dispatch(self, data: bytes) -> None:
         try:

@@ -18,10 +18,9 @@ from redis.exceptions import RedisError
 
 from fleet_shared import redis_keys
 from fleet_shared.event_log import control_channel, jobs_channel
+from fleet_shared.subscription import ResilientSubscription
 
 log = structlog.get_logger(__name__)
-MIN_RETRY_SECONDS = 0.2
-MAX_RETRY_SECONDS = 5.0
 
 
 class ControlListener:
@@ -40,7 +39,11 @@ class ControlListener:
         self.on_job_queued = on_job_queued
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self.listen_forever(), name="fleet-control-listener")
+        channels: list[str | bytes] = [control_channel(self.listener), *([self.jobs] if self.jobs else [])]
+        subscription = ResilientSubscription(
+            self.listener, channels, self.on_message, name="control_listener", on_connected=self.catch_up
+        )
+        self.task = asyncio.create_task(subscription.run_forever(), name="fleet-control-listener")
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -79,30 +82,11 @@ class ControlListener:
             log.info("turn.cancel_requested", run_id=run_id)
             on_cancel()
 
-    async def listen_forever(self) -> None:
-        delay = MIN_RETRY_SECONDS
-        while True:
-            pubsub = self.listener.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(control_channel(self.listener), *([self.jobs] if self.jobs else []))
-                delay = MIN_RETRY_SECONDS
-                await self.check_flags(list(self.watchers))  # what we missed while away
-                async for message in pubsub.listen():
-                    if message.get("type") != "message":
-                        continue
-                    if message["channel"] == self.jobs and self.on_job_queued is not None:
-                        self.on_job_queued()
-                    else:
-                        self.notify(message["data"].decode(errors="replace"))
-            except Exception as exc:  # any failure: log it and listen again, cancels must arrive
-                log.warning(
-                    "control_listener.disconnected",
-                    error_type=type(exc).__name__,
-                    error=str(exc),
-                    retry_in=delay,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_RETRY_SECONDS)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+    async def catch_up(self) -> None:
+        await self.check_flags(list(self.watchers))  # the cancels we missed while away
+
+    def on_message(self, channel: bytes, data: bytes) -> None:
+        if channel == self.jobs and self.on_job_queued is not None:
+            self.on_job_queued()
+        else:
+            self.notify(data.decode(errors="replace"))

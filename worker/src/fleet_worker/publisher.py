@@ -16,6 +16,7 @@ import structlog
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
+from fleet_shared.backoff import Backoff
 from fleet_shared.event_log import APPEND_BATCH_EVENTS, Appended, RunLog
 from fleet_shared.events import (
     CellOutput,
@@ -34,7 +35,7 @@ from fleet_worker.lease import RunLease
 from fleet_worker.sandbox.boundary import clean
 
 log = structlog.get_logger(__name__)
-MIN_RETRY_SECONDS = 0.05
+FIRST_RETRY_SECONDS = 0.05
 MAX_RETRY_SECONDS = 1.0
 
 
@@ -125,19 +126,18 @@ class EventSink:
             self.idle.set()
 
     async def publish_until_fenced(self) -> None:
-        delay = MIN_RETRY_SECONDS
+        backoff = Backoff(FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS)
         while not self.fenced:
             await self.wakeup.wait()
             self.wakeup.clear()
             while self.published < self.publishable() and not self.fenced:
                 try:
                     await self.publish_next()
-                    delay = MIN_RETRY_SECONDS
+                    backoff.reset()
                 except (RedisError, OSError, SQLAlchemyError) as exc:
-                    if delay == MIN_RETRY_SECONDS:
+                    if not backoff.failures:
                         log.warning("events.redis_unavailable", error_type=type(exc).__name__)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, MAX_RETRY_SECONDS)
+                    await asyncio.sleep(backoff.next())
                 except Exception as exc:  # a bug, or an event nothing could encode: the Turn fails
                     log.error("events.pump_failed", error_type=type(exc).__name__, exc_info=exc)
                     self.broken = f"{type(exc).__name__}: {exc}"[:500]

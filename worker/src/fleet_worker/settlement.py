@@ -13,6 +13,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session as OrmSession
 
+from fleet_shared.backoff import Backoff
 from fleet_shared.db import runs
 from fleet_shared.db.engine import run_whole
 from fleet_shared.db.faults import is_unreachable
@@ -46,22 +47,19 @@ async def run_whole_with_retry(
 ) -> T:
     """`work` through run_whole, retried on every connection-class error until `deadline`
     (time.monotonic()); logged as `turn.<what>_retry` and `turn.<what>_recovered`."""
-    delay = FIRST_RETRY_SECONDS
-    tries = 0
+    backoff = Backoff(FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS)
     while True:
         try:
             done = await run_whole(sessions, work)
-            if tries:
-                log.info(f"turn.{what}_recovered", tries=tries + 1)
+            if backoff.failures:
+                log.info(f"turn.{what}_recovered", tries=backoff.failures + 1)
             return done
         except Exception as exc:
-            if not is_unreachable(exc) or time.monotonic() + delay > deadline:
+            if not is_unreachable(exc) or time.monotonic() + backoff.pending > deadline:
                 raise
-            tries += 1
-            if tries % 10 == 1:  # the first, then every tenth
-                log.warning(f"turn.{what}_retry", error_type=type(exc).__name__, tries=tries)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, MAX_RETRY_SECONDS)
+            if backoff.failures % 10 == 0:  # the first, then every tenth
+                log.warning(f"turn.{what}_retry", error_type=type(exc).__name__, tries=backoff.failures + 1)
+        await asyncio.sleep(backoff.next())
 
 
 async def commit_once(db: AsyncSession, settlement: runs.Settlement) -> bool:
