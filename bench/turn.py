@@ -106,7 +106,7 @@ def first_byte_note(figures: dict[str, Any]) -> str:
         f"first_byte: of its p50 of {figures['first_byte'].get('p50_ms')} ms, the gateway reports "
         f"{claim} ms claiming the Turn in SQLite and {enqueue} ms queueing it in Redis (Server-Timing, "
         f"p50). The claim is one read, two INSERTs and the commit, run whole in one hop to the SQLite "
-        f"engine's twin thread (ADR 0009, decision 6), so most of it is SQLAlchemy's own work, the "
+        f"engine's twin thread (ADR 0020), so most of it is SQLAlchemy's own work, the "
         f"commit and waiting for a core: each POST arrives as the worker releases the previous "
         f"Turn's REPL and starts the next one (the pool's), on the same 2 cores. For scale, one hop "
         f"to aiosqlite's thread and back (the gateway's other reads) takes {hop.get('p50_ms')} ms "

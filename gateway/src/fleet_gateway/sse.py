@@ -3,9 +3,9 @@
 Litestar wraps the server's `send` for every message of every response: the exception
 middleware's wrapper (it notes when the response started) and the app's `before_send` hooks
 (the request id and the response counter, `fleet_gateway.middleware`, `fleet_gateway.metrics`).
-All of them act on `http.response.start` only. A Turn stream sends one body message per wake-up
-per stream: at 500 streams, taking the wrappers out of that path took the gateway's CPU per
-delivered event from ~20 to ~17.5 µs (ADR 0009, decision 17).
+All of them act on `http.response.start` only, yet a Turn stream sends one body message per
+wake-up, so with many streams they are a share of the gateway's CPU per delivered event that
+buys nothing (ADR 0030).
 
 `with_direct_send` (what Granian serves) leaves the server's own `send` in the request's scope;
 `EventStream` sends its start and its last message through Litestar's wrapped `send`, as any
@@ -44,7 +44,7 @@ def with_direct_send(app: Litestar) -> ASGIApp:
     Refused for an app that compresses responses: Litestar's compression holds a response's
     start back until its first body message passes its wrapper, and a stream's chunks no longer
     do. (A middleware added later that needs every body message has the same problem; the
-    module's docstring and ADR 0009 say so.)"""
+    module's docstring and ADR 0030 say so.)"""
     if app.compression_config is not None:
         raise ValueError("with_direct_send: the app compresses responses, and EventStream's chunks skip that")
 

@@ -61,8 +61,8 @@ class GatewayState:
         """Queue the Run's job (job id = run id) in one round trip; False when that job is already
         queued. Workers are told by a task of its own, started here and run at the handler's next
         await (before or while the first frame is written), not in the enqueue's round trip: a
-        worker woken by the script itself started the Turn on the same cores while the gateway was
-        still answering, and the first byte came later (bench/evidence/enqueue-one-trip)."""
+        worker woken by the script itself starts the Turn on the same cores while the gateway is
+        still answering, which delays the first byte (ADR 0026)."""
         queue = self.settings.profile.worker.queue_name
         queued = await enqueue_run(self.arq, queue, run_id, announce=False)
         # Even when the job was there already: a retried script whose first reply was lost says

@@ -184,7 +184,8 @@ class WorkerSection(Section):
     queue_name: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet:queue"  # another's: its workers
     # How often a worker asks Redis for a job, the fallback only: a queued Turn is announced and
     # taken at once, and a slot that frees takes the next. arq's default; each poll is a Redis
-    # read, so 20 ms cost every idle worker 50 reads and ~18 ms of CPU a second.
+    # read, paid by every idle worker all the time, so a short delay costs Redis and CPU in
+    # proportion to the fleet (ADR 0014).
     poll_delay_seconds: Annotated[float, msgspec.Meta(ge=0.005, le=5)] = 0.5
     # The worker's GET /metrics and GET /health (its liveness); port 0 serves neither.
     metrics_host: BindHost = "127.0.0.1"

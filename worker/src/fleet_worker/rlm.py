@@ -2,11 +2,10 @@
 
 dspy builds an RLM's action and extract signatures (pydantic model classes) in its constructor,
 and derives a new action signature on every iteration when the REPL's runtime differs from the
-one assumed at construction, which fleet's always does (its REPL hosts no dspy sub-agents). That
-was ~9 ms of worker CPU per Turn plus ~1 ms per iteration, about a seventh of a scripted Turn's
-worker CPU. Signature classes are never changed once built (dspy derives new ones), so every
-RLM of the same shape can share them; the module instance, its predictors and its state stay
-per Turn.
+one assumed at construction, which fleet's always does (its REPL hosts no dspy sub-agents):
+worker CPU on every Turn and every iteration for a result that never changes (ADR 0022).
+Signature classes are never changed once built (dspy derives new ones), so every RLM of the same
+shape can share them; the module instance, its predictors and its state stay per Turn.
 
 This leans on three private methods of `dspy.RLM` (`_build_signatures`,
 `_action_signature_for_current_factory` and `_setup_facade`) and the attributes the first sets;

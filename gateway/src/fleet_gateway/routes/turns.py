@@ -133,7 +133,7 @@ class TurnController(Controller):
         if data.attachment_ids or data.skill_selections:
             # An unknown session is a 404 before its attachments or skills are looked at. Without
             # them, the claim's own read finds the session: no ORM session at all before the
-            # stream (creating and closing one took ~0.2 ms of the first byte).
+            # stream, whose first byte would wait for one to be made and closed (ADR 0015).
             async with gw.sessions() as db:
                 canonical = (await load_session(db, canonical)).id
                 limit = gw.settings.profile.storage.max_attachments_per_turn

@@ -53,7 +53,7 @@ TWIN_THREADS = 4  # SQLite writes one at a time anyway; reads beside them in WAL
 class SqliteTwin:
     """A file SQLite engine's synchronous twin (pysqlite, same file, same pragmas), for work that
     runs whole in one thread: through aiosqlite every statement is several hops to its thread
-    and back (a Turn's claim made ~25), through the twin the claim is one. Its own threads, so a
+    and back, through the twin a whole claim is one (ADR 0020). Its own threads, so a
     claim waiting on SQLite's busy timeout never holds one of the loop's default executor's."""
 
     engine: Engine
@@ -105,9 +105,8 @@ async def run_whole(sessions: async_sessionmaker[AsyncSession], work: Callable[[
     """`work`, synchronous ORM code that ends its own transaction, on a session of its own.
 
     On a file SQLite engine it runs whole on the twin, in one hop to a thread: through aiosqlite
-    every statement is several hops to its thread and back, and each hop waits for the worker's
-    busy event loop (at 8 Turns at once a Run's start took 35-40 ms, its settlement 40-60;
-    docs/decisions/0009-the-turn-latency-path.md, decision 19). Elsewhere it runs through
+    every statement is several hops to its thread and back, and each hop waits its turn on the
+    worker's event loop, longer the more Turns share it (ADR 0032). Elsewhere it runs through
     `run_sync` on an AsyncSession: the same code, a round trip per statement.
 
     A cancel does not stop work already in its thread: the caller learns of it only after the

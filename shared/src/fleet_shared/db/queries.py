@@ -107,8 +107,8 @@ class ClaimRefused(msgspec.Struct, frozen=True):
 
 
 # In the partial index's own words, with literal values: SQLite uses uq_runs_one_active_per_session
-# only for a condition it can see implies the index's. With bound parameters it read every Run of
-# the session instead (0.36 ms per claim at 3,000 Runs, against 0.009 ms).
+# only for a condition it can see implies the index's. With bound parameters it reads every Run of
+# the session instead, so a claim would slow as the session grows (ADR 0015).
 RUN_IS_ACTIVE = text(f"runs.{ACTIVE_SQL}")
 RUNS = cast(Table, Run.__table__)
 TURNS = cast(Table, Turn.__table__)
