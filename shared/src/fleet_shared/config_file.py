@@ -92,12 +92,14 @@ class LocalSandboxSection(Section):
     allow_unisolated: Annotated[bool, msgspec.Meta(extra=FILE_ONLY)] = False
     python: HostPath = "auto"
     cell_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60
-    memory_mb: Annotated[int, msgspec.Meta(ge=64)] = 1024
-    max_processes: Annotated[int, msgspec.Meta(ge=1)] = 64
-    max_file_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
+    # Bounded above too: a budget is a request's to change, and past these a worker could no longer
+    # make a workspace's volume (mkfs refuses 2^32 inodes) or would hand a cell the whole host.
+    memory_mb: Annotated[int, msgspec.Meta(ge=64, le=1_048_576)] = 1024
+    max_processes: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 64
+    max_file_mb: Annotated[int, msgspec.Meta(ge=1, le=1_048_576)] = 64
     tmp_mb: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 256
-    workspace_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024
-    workspace_files: Annotated[int, msgspec.Meta(ge=10)] = 100_000
+    workspace_mb: Annotated[int, msgspec.Meta(ge=1, le=1_048_576)] = 1024
+    workspace_files: Annotated[int, msgspec.Meta(ge=10, le=10_000_000)] = 100_000
     # On a root worker, each workspace is a filesystem of its own of that size and file count,
     # so the kernel enforces the budget (sandbox/volumes.py); off, the budget is checked only.
     workspace_volumes: Annotated[bool, msgspec.Meta(extra=FILE_ONLY)] = True
@@ -130,7 +132,8 @@ class DaytonaSection(Section):
 
 
 class SandboxSection(Section):
-    provider: Literal["local", "daytona"] = "local"
+    # Where cells run and workspaces go (this host, or a third party's sandboxes): an exposure.
+    provider: Annotated[Literal["local", "daytona"], msgspec.Meta(extra=FILE_ONLY)] = "local"
     local: LocalSandboxSection = msgspec.field(default_factory=LocalSandboxSection)
     daytona: DaytonaSection | None = None
 

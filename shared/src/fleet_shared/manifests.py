@@ -70,8 +70,12 @@ class Manifest(msgspec.Struct, frozen=True):
 
 
 def entry_bytes(path: str) -> int:
-    """What one entry costs a manifest's encoding, at most (and a cache that holds it, about)."""
-    return len(path.encode("utf-8", "surrogatepass")) + ENTRY_BYTES
+    """What one entry costs a manifest's encoding, at most (and a cache that holds it, about):
+    the path as JSON encodes it, where a control character takes six bytes."""
+    try:
+        return len(ENCODER.encode(path)) + ENTRY_BYTES
+    except UnicodeEncodeError:  # a path no manifest keeps (CaptureBound.keeps): as if all escaped
+        return 6 * len(path) + ENTRY_BYTES
 
 
 class CaptureBound:

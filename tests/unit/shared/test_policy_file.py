@@ -130,7 +130,7 @@ def test_a_new_table_is_created_and_null_removes_a_key(config: Path) -> None:
         ({"config.default_profile": "local"}, "only the file on disk"),
         ({"profiles.offline.rlm.title": "x"}, "unknown key"),
         # Valid per profile, but the next startup would fail: refused now (found in review).
-        ({"profiles.offline.sandbox.provider": "daytona"}, "[sandbox.daytona]"),
+        ({"profiles.offline.sandbox.provider": "daytona"}, "only the file on disk"),
         ({f"profiles.offline.rlm.k{i}": i for i in range(51)}, "at most 50"),
         ({}, "at least one"),
     ],

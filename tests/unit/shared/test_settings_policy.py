@@ -98,6 +98,8 @@ def test_keys_that_choose_host_paths_executables_or_identities_are_file_only(
         # What the store may hold.
         {"profiles.offline.storage.quota_session_mb": 0},
         {"profiles.offline.storage.quota_deployment_mb": 0},
+        # Where cells run and workspaces go (review of #36): this host, or Daytona's.
+        {"profiles.daytona.sandbox.provider": "local"},
     ],
     ids=lambda c: "+".join(f"{k}={v}" for k, v in c.items() if v),
 )
@@ -126,11 +128,39 @@ def test_what_shapes_a_turn_still_goes_through(config: Path) -> None:
     assert settings.profile.sandbox.local.cell_timeout_seconds == 30
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"profiles.offline.sandbox.local.workspace_files": 2_200_000_000},  # mkfs: under 2^32 inodes
+        {"profiles.offline.sandbox.local.workspace_mb": 16_000_000},
+        {"profiles.offline.sandbox.local.memory_mb": 2**40},
+        {"profiles.offline.sandbox.local.max_processes": 10**9},
+    ],
+    ids=lambda c: next(iter(c)).rsplit(".", 1)[-1],
+)
+def test_a_budget_has_an_upper_bound(config: Path, change: dict[str, object]) -> None:
+    """Review of #36: past these a root worker could make no workspace volume at all."""
+    before = config.read_bytes()
+    with pytest.raises(InvalidSettingChange, match="Expected `int` <="):
+        policy_file.apply_changes(config, revision(config), change)  # type: ignore[arg-type]
+    assert config.read_bytes() == before
+
+
 def hand_edited(config: Path, old: str, new: str) -> dict[str, str]:
     text = config.read_text()
     assert old in text
     config.write_text(text.replace(old, new, 1))
     return {"FLEET_CONFIG": str(config), "FLEET_REDIS_URL": "redis://127.0.0.1:1/0"}
+
+
+def test_a_hand_edited_daytona_provider_needs_its_table(config: Path) -> None:
+    env = hand_edited(
+        config,
+        '[profiles.offline.sandbox]\nprovider = "local"',
+        '[profiles.offline.sandbox]\nprovider = "daytona"',
+    )
+    with pytest.raises(ConfigError, match=r"no \[sandbox.daytona\] table"):
+        load_settings(env)
 
 
 # BLOB_MODEL is named like a model's variable, but another key reads it as a secret.

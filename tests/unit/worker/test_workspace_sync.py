@@ -185,6 +185,21 @@ def test_a_capture_stops_at_the_manifests_byte_bound(
     assert len(manifest.entries) == 10 and len(manifest.encode()) <= manifests.MAX_MANIFEST_BYTES
 
 
+def test_the_byte_bound_counts_a_path_as_json_encodes_it(
+    tmp_path: Path, objects: WorkspaceObjects, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of #36: a control character is one byte of UTF-8 and six of JSON, so a bound on
+    UTF-8 let a manifest grow six times past it."""
+    folder = tmp_path / "ws"
+    (folder / "memory").mkdir(parents=True)
+    names = [f"memory/{i:03d}-" + "\x01" * 200 for i in range(30)]
+    for relative in names:
+        (folder / relative).write_text("x")
+    monkeypatch.setattr(manifests, "MAX_MANIFEST_BYTES", 10 * (len(names[0]) + manifests.ENTRY_BYTES))
+    manifest = capture(folder, {}, objects, 100).manifest
+    assert 0 < len(manifest.entries) < 10 and len(manifest.encode()) <= manifests.MAX_MANIFEST_BYTES
+
+
 def test_a_manifest_round_trips_its_canonical_encoding() -> None:
     entries = [FileEntry("b", 1, 0o600, "a" * 64, 5), FileEntry("a", 2, 0o644, "b" * 64, 6)]
     manifest = Manifest.of(entries)

@@ -7,11 +7,15 @@ import contextlib
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fleet_shared.confined import Unwalkable, opened_inside, walk
+from fleet_shared.manifests import WORKSPACE_DIRS
 
 FULL_BYTES = 1 << 20  # less room than this on a workspace's own volume: it is full
+# The kernel stamps files from a coarse clock, which may lag the wall clock a cell started by.
+CLOCK_SLACK_NS = 20_000_000
 
 
 class WorkspaceBudget:
@@ -137,26 +141,53 @@ class WorkspaceBudget:
 
     def prune(self, since_ns: int) -> list[str]:
         """Bring a workspace over its budget back under it by removing what was written since
-        `since_ns` (a cell's start, wall clock), largest first; the removed files' paths. What
-        was there before the cell stays, so a workspace already over may stay over. Call it
-        once nothing writes any more (the cell's REPL is gone)."""
+        `since_ns` (a cell's start, wall clock): entries other than folders, largest first, then
+        emptied folders, deepest first; the removed paths. Whether an entry is the cell's is read
+        from its ctime, which the sandbox cannot set (`utime` and `rename` move it to now). What
+        was there before the cell stays, so a workspace already over may stay over; but what the
+        cell left, unremovable, never raises what the next cell is allowed. Call it once nothing
+        writes any more (the cell's REPL is gone)."""
+        since_ns -= CLOCK_SLACK_NS
         written: list[tuple[int, str]] = []
+        folders: list[str] = []
         size = files = 0
         with contextlib.suppress(Unwalkable, OSError):
             for _fd, _name, info, path in walk(self.workspace):
                 length = max(info.st_size, info.st_blocks * 512)
                 size, files = size + length, files + 1
-                if stat.S_ISREG(info.st_mode) and info.st_mtime_ns >= since_ns:
+                if info.st_ctime_ns < since_ns:
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    if path not in WORKSPACE_DIRS:  # the layout folders stay
+                        folders.append(path)
+                else:
                     written.append((length, path))
         removed: list[str] = []
         for length, path in sorted(written, reverse=True):
-            if size <= self.allowed[0] and files <= self.allowed[1]:
+            if self.within(size, files):
                 break
-            *parents, name = path.split("/")
-            with contextlib.suppress(OSError), opened_inside(self.workspace, parents) as (fd, _info):
-                os.unlink(name, dir_fd=fd)
+            if self.remove(path, os.unlink):
                 removed.append(path)
                 size, files = size - length, files - 1
-        self.known = (size, files)
+        for path in sorted(folders, key=lambda p: p.count("/"), reverse=True):
+            if self.within(size, files):
+                break
+            if self.remove(path, os.rmdir):  # only an emptied one goes
+                removed.append(path)
+                files -= 1
+        # Never more than the cell was allowed: the next cell's allowance does not grow by it.
+        self.known = (min(size, self.allowed[0]), min(files, self.allowed[1]))
         self.measured_at = float("-inf")  # the next check walks again
         return removed
+
+    def within(self, size: int, files: int) -> bool:
+        return size <= self.allowed[0] and files <= self.allowed[1]
+
+    def remove(self, path: str, how: Callable[..., None]) -> bool:
+        *parents, name = path.split("/")
+        try:
+            with opened_inside(self.workspace, parents) as (fd, _info):
+                how(name, dir_fd=fd)
+        except OSError:
+            return False
+        return True
