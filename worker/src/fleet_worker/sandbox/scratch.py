@@ -30,6 +30,7 @@ from pathlib import Path
 
 import structlog
 
+from fleet_worker.sandbox.errors import SandboxError
 from fleet_worker.sandbox.removal import remove_tree
 
 log = structlog.get_logger(__name__)
@@ -155,7 +156,7 @@ def sweep_scratch(
             continue
         try:
             removed += sweep_one(root, key, unlocked_folder_age, unmount)
-        except OSError as exc:
+        except (OSError, SandboxError) as exc:  # an unmount that failed too: the next sweep tries
             log.warning("sandbox.scratch_sweep_failed", folder=f"{PREFIX}{key}", error=str(exc))
     if removed:
         log.info("sandbox.scratch_swept", folders=removed)

@@ -46,6 +46,8 @@ class WorkspaceVolumes:
         self.inodes = inodes
         self.keep = keep
         self._mounted: OrderedDict[Path, Path] = OrderedDict()  # folder -> image, least recent first
+        # Evicted while a lease held them: dropped once free (every hold tries, and close).
+        self._evicted: set[Path] = set()
         self._lock = threading.Lock()
 
     @staticmethod
@@ -68,7 +70,7 @@ class WorkspaceVolumes:
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 fcntl.flock(fd, fcntl.LOCK_EX)  # alone: make it, then take it shared again
                 if not os.path.ismount(folder):
-                    self._make(folder, owner)
+                    self._make_room_for(folder, owner)
                     made = True
                 fcntl.flock(fd, fcntl.LOCK_UN)
             else:
@@ -79,10 +81,38 @@ class WorkspaceVolumes:
         with self._lock:
             self._mounted[folder] = self.image_of(folder)
             self._mounted.move_to_end(folder)
-            evicted = self._overflow()
+            self._evicted.discard(folder)
+            evicted = [*self._overflow(), *self._evicted]
         for old in evicted:
-            self.drop(old)
+            self.try_drop(old)
         return fd, made
+
+    def _make_room_for(self, folder: Path, owner: int | None) -> None:
+        """Make the folder's volume; if that fails (the host's loop devices are all taken, say),
+        drop every kept volume no lease holds and try once more."""
+        try:
+            self._make(folder, owner)
+            return
+        except SandboxError:
+            with self._lock:
+                idle = [kept for kept in self._mounted if kept != folder]
+        if not any([self.try_drop(kept) for kept in idle]):
+            raise SandboxError(
+                "the workspace's volume could not be prepared (no kept volume was free to drop)"
+            )
+        self._make(folder, owner)
+
+    def try_drop(self, folder: Path) -> bool:
+        """drop(), remembering a folder a lease still holds so that a later hold drops it."""
+        try:
+            gone = self.drop(folder)
+        except (SandboxError, OSError):
+            gone = False
+        if not gone:
+            with self._lock:
+                if folder not in self._mounted:
+                    self._evicted.add(folder)
+        return gone
 
     def lock_of(self, folder: Path) -> Path:
         return self.images / f"{folder.name}.lock"
@@ -99,11 +129,17 @@ class WorkspaceVolumes:
         with open(image, "wb") as handle:  # sparse: it takes only what the workspace holds
             handle.truncate(self.size_bytes + inodes * INODE_BYTES + SLACK_BYTES)
         uid = owner if owner is not None else os.geteuid()
-        run(
-            MKFS, "-q", "-F", "-m", "0", "-O", "^has_journal", "-N", str(inodes),
-            "-E", f"root_owner={uid}:{uid},lazy_itable_init=1", str(image),
-        )  # fmt: skip
-        run("mount", "-o", "loop,nosuid,nodev,noatime", str(image), str(folder))
+        try:
+            run(
+                MKFS, "-q", "-F", "-m", "0", "-O", "^has_journal", "-N", str(inodes),
+                "-E", f"root_owner={uid}:{uid},lazy_itable_init=1", str(image),
+            )  # fmt: skip
+            # discard: blocks a cell frees go back to the host, so a kept image holds what its
+            # workspace holds now, not the most it ever held.
+            run("mount", "-o", "loop,nosuid,nodev,noatime,discard", str(image), str(folder))
+        except SandboxError:
+            image.unlink(missing_ok=True)
+            raise
         os.chmod(folder, 0o700)
         lost = folder / "lost+found"
         with contextlib.suppress(OSError):
@@ -141,7 +177,7 @@ class WorkspaceVolumes:
 
     def close(self) -> None:
         with self._lock:
-            folders = list(self._mounted)
+            folders = [*self._mounted, *self._evicted]
         for folder in folders:
             with contextlib.suppress(SandboxError, OSError):
                 self.drop(folder)
