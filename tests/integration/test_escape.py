@@ -12,21 +12,17 @@ import json
 import os
 import socket
 import stat
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from fleet_shared.db import queries
-from fleet_shared.events import CellOutput, LMQueryStarted, RunEvent, Warning
+from fleet_shared.events import CellOutput, LMQueryStarted, Warning
 from fleet_worker.sandbox.jail import LocalSandboxConfig
-from tests.integration.harness import Harness
+from tests.integration.attacks import Attack, HarnessFactory, attack, attack_script
 
 pytestmark = pytest.mark.escape
 
-HarnessFactory = Callable[..., Harness]
 # Without volumes (a non-root worker's way): workspace folders stay on the host after the worker
 # stops, for a test to look at what the host's sanitize pass left.
 HOST_FOLDERS = {"workspace_volumes": False}
@@ -36,51 +32,6 @@ HOST_FOLDERS = {"workspace_volumes": False}
 def database_url(sqlite_url: str) -> str:
     """SQLite only: the sandbox is the subject here, not the database."""
     return sqlite_url
-
-
-def attack_script(code: str, answer: str = "str(result)") -> tuple[dict[str, Any], ...]:
-    """Two actions: the attack (only when the request says so), then a SUBMIT of what it found."""
-    indented = "\n".join("    " + line for line in code.strip().splitlines())
-    first = f"result = 'not attacked'\nif request.startswith('attack'):\n{indented}\nprint('cell 1 done')"
-    return (
-        {"lm": "root", "reasoning": "attack", "code": first},
-        {"lm": "root", "reasoning": "report", "code": f"SUBMIT(answer={answer})"},
-    )
-
-
-@dataclass
-class Attack:
-    harness: Harness
-    session_id: str
-    run: Any
-    events: list[RunEvent]
-    answer: str
-    next_run: Any
-
-    @property
-    def cell_outputs(self) -> list[CellOutput]:
-        return [e for e in self.events if isinstance(e, CellOutput)]
-
-
-async def attack(
-    factory: HarnessFactory, code: str, *, answer: str = "str(result)", **settings: Any
-) -> Attack:
-    harness = factory(*attack_script(code, answer), **settings)
-    run_id = await harness.submit("attack")
-    await harness.work()
-    async with harness.sessions() as db:
-        run = await queries.get_run(db, run_id)
-        assert run is not None
-        session_id = run.session_id
-    next_id = await harness.submit("hello", session_id=session_id, key="next")
-    await harness.work()
-    async with harness.sessions() as db:
-        run = await queries.get_run(db, run_id)
-        next_run = await queries.get_run(db, next_id)
-        turns = await queries.list_turns(db, session_id, after_sequence=0, limit=10)
-    answer_text = "".join(p.get("text", "") for p in turns[1].parts if p["type"] == "text")
-    assert next_run is not None and next_run.status == "completed", "the session's next Turn failed"
-    return Attack(harness, session_id, run, await harness.events(run_id), answer_text, next_run)
 
 
 def workspace_folders(outcome: Attack) -> list[Path]:

@@ -121,6 +121,8 @@ class Channel:
         self.fd_out = fd_out
         # A cell's threads may call tools too: one call (its frame out, its reply in) at a time.
         self.lock = _thread.allocate_lock()
+        # Why receive() last gave None for a frame that arrived ("" for EOF): what the frame broke.
+        self.refused = ""
 
     def send(self, message: dict[str, Any]) -> None:
         self.write(self.encode(message))
@@ -146,11 +148,13 @@ class Channel:
     def receive_frame(self, *, keep: bool = True) -> tuple[dict[str, Any] | None, bytes]:
         """The next message and (`keep`) its frame as it came, to pass on without encoding it
         again; a frame not kept is not copied (a tool's result can be large)."""
+        self.refused = ""
         header = self.read_exactly(HEADER.size)
         if header is None:
             return None, b""
         (length,) = HEADER.unpack(header)
-        if length > MAX_FRAME_BYTES:
+        if length > MAX_FRAME_BYTES:  # refused on the header: nothing of its body is read
+            self.refused = f"a frame of {length} bytes, over the {MAX_FRAME_BYTES}-byte limit"
             return None, b""
         payload = self.read_exactly(length)
         if payload is None:
@@ -158,8 +162,10 @@ class Channel:
         try:
             message = decode_json(payload.decode("utf-8"))
         except Exception:  # malformed, too deep, or too big to hold: the frame is unreadable
+            self.refused = "a frame that is not JSON"
             return None, b""
         if not isinstance(message, dict):
+            self.refused = "a frame that is not a JSON object"
             return None, b""
         return message, (header + payload if keep else b"")
 
@@ -441,12 +447,9 @@ class Supervisor:
                 return
             # A child that wrote its own frames past the depth check broke the protocol.
             op = None if nests_deeper(message, MAX_NESTING) else message.get("op")
-            if (
-                op == "tool_call"
-                and isinstance(message.get("name"), str)
-                and isinstance(message.get("kwargs"), dict)
-            ):
-                self.host.send({"op": "tool_call", "name": message["name"], "kwargs": message["kwargs"]})
+            call = encoded_call(message) if op == "tool_call" else None
+            if call is not None:
+                self.host.write(call)
                 reply = self.host.receive()
                 if reply is None or reply.get("op") != "tool_result":
                     fatal("expected a tool_result from the host")
@@ -499,7 +502,9 @@ class Supervisor:
         while True:
             ready, _, _ = select.select([self.child.fd_in], [], [], WATCH_SECONDS)
             if ready:
-                message = self.child.receive()
+                message, refused = self.child.receive(), self.child.refused
+                if message is None and refused:
+                    return f"the cell sent {refused}, which the REPL protocol does not allow; it was reset"
                 if message is None:
                     return f"the REPL process {end_child(self.child_pid)}; its state was reset"
                 return message
@@ -513,6 +518,19 @@ class Supervisor:
             self.child = None
         kill_leftovers(keep=0)
         self.start_child()
+
+
+def encoded_call(message: dict[str, Any]) -> bytes | None:
+    """The child's tool call for the host, rebuilt from its name and arguments; None for one the
+    protocol does not allow: malformed, or (written by the cell past the interpreter's own
+    encoder, which refuses it) too large for a frame once escaped to ASCII again."""
+    name, kwargs = message.get("name"), message.get("kwargs")
+    if not (isinstance(name, str) and isinstance(kwargs, dict)):
+        return None
+    try:
+        return Channel.encode({"op": "tool_call", "name": name, "kwargs": kwargs})
+    except (ValueError, RecursionError):
+        return None
 
 
 def result_of(message: dict[str, Any], request_id: Any) -> dict[str, Any]:
