@@ -126,8 +126,8 @@ class LocalSandboxLease:
                 log.warning("sandbox.shutdown_failed", run_id=self.run_id, error=str(exc))
         if self._versions is not None:  # the folder's next Run here starts from what we know
             self._versions.remember(self.workspace, self.known)
-        try:  # what the Run left behind: no setuid bits, no devices, fifos or sockets
-            sanitize(self.workspace, self._launch.run_as)
+        try:  # what the Run left behind: no setuid bits, no links, devices, fifos or sockets
+            sanitize(self.workspace, self._launch.run_as, between_runs=True)
         except Exception as exc:  # a hostile tree must not turn a release into a crash
             log.warning("sandbox.sanitize_failed", run_id=self.run_id, error=str(exc))
             return

@@ -322,7 +322,7 @@ class LocalSandboxProvider:
                         "move the data directory, or run the worker as a non-root user"
                     )
         if known is None:  # a materialised folder is already as a sanitize pass leaves it
-            sanitize(workspace, run_as)
+            sanitize(workspace, run_as, between_runs=True)
         cgroups = isolation.cgroups if isolation.cgroups and isolation.cgroups.bases else None
         if isolation.bwrap is not None:
             inside = os.geteuid() if run_as is None else run_as
