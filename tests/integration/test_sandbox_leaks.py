@@ -5,8 +5,11 @@ process the memory limit killed)."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ import pytest
 
 from fleet_shared.confined import MAX_DEPTH
 from fleet_worker.sandbox.boundary import Caps, CellResult
-from fleet_worker.sandbox.jail import LocalSandboxConfig
+from fleet_worker.sandbox.jail import LocalSandboxConfig, python_mount, resolve_python, usr_local
 from fleet_worker.sandbox.lease import LocalSandboxLease
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.session import ReplSession
@@ -121,3 +124,62 @@ def test_a_runs_links_devices_and_fifos_are_gone_from_the_host_when_it_ends(
     assert (artifacts / "locked").is_dir()  # a folder the sandbox locked is reachable again
     deepest = max(len(Path(folder).relative_to(lease.workspace).parts) for folder, *_ in os.walk(artifacts))
     assert deepest <= MAX_DEPTH  # what the walk would not reach is gone, with the link inside
+
+
+MOUNT_TABLE = """
+import os
+print(open('/proc/self/mountinfo').read())
+print('USR_LOCAL', sorted(
+    os.path.join(folder, name)
+    for folder, dirs, names in os.walk('/usr/local')
+    for name in dirs + names
+))
+"""
+
+
+def path_fields(mountinfo: str) -> list[str]:
+    """Each mount's root, mount point and source: where a host path or a pid would show."""
+    fields = []
+    for line in mountinfo.splitlines():
+        before, _dash, after = line.partition(" - ")
+        words = before.split()
+        if len(words) >= 5:
+            fields += [words[3], words[4], *after.split()[1:2]]
+    return fields
+
+
+def needed_from_usr_local() -> list[str]:
+    """What the jail binds of /usr/local for this host's sandbox interpreter."""
+    executable, _prefix = python_mount(resolve_python(LocalSandboxConfig()))
+    argv = usr_local(executable)
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--ro-bind"]
+
+
+@pytest.mark.parametrize("volumes", FOLDER_KINDS)
+def test_the_jail_shows_no_host_path_no_worker_pid_and_nothing_of_usr_local(
+    sandboxes: Sandboxes, volumes: bool
+) -> None:
+    lease = sandboxes.lease(workspace_volumes=volumes)
+    result = run(lease.interpreter_factory(), MOUNT_TABLE)
+    assert result.error is None, result.error
+    mountinfo, _, listing = result.stdout.partition("USR_LOCAL")
+    assert " /workspace " in mountinfo and " /opt/fleet/" in mountinfo  # the table is the jail's
+
+    hidden = [REPO, Path(tempfile.gettempdir()) / "fleet-repl-"]
+    if volumes:  # a plain folder is bound as it is: its path shows (docs/security.md)
+        hidden += [sandboxes.data_dir, lease.workspace]
+    for host_path in hidden:
+        assert str(host_path) not in mountinfo
+    pid = str(os.getpid())
+    assert [field for field in path_fields(mountinfo) if pid in re.split(r"[^0-9]+", field)] == []
+
+    needed = needed_from_usr_local()
+    shown = ast.literal_eval(listing.strip())
+    assert [
+        path
+        for path in shown
+        if not any(
+            path == bound or path.startswith(f"{bound}/") or bound.startswith(f"{path}/") for bound in needed
+        )
+    ] == []
+    assert needed or shown == []  # an interpreter from elsewhere: /usr/local is empty

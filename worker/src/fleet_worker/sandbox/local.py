@@ -345,6 +345,7 @@ class LocalSandboxProvider:
             cwd=cwd,
             run_as=run_as,
             seccomp=isolation.seccomp,
+            driver=driver if isolation.bwrap is not None else None,
             cgroups=cgroups,
             limits=self._limits(),
         )
