@@ -183,3 +183,97 @@ def test_the_jail_shows_no_host_path_no_worker_pid_and_nothing_of_usr_local(
         )
     ] == []
     assert needed or shown == []  # an interpreter from elsewhere: /usr/local is empty
+
+
+def test_a_cell_that_closes_its_stdio_leaves_the_next_one_able_to_print(sandboxes: Sandboxes) -> None:
+    session = sandboxes.lease().interpreter_factory()
+    closing = "import os, sys\nkept = 41\nprint('before', flush=True)\nfor fd in (0, 1, 2):\n    os.close(fd)"
+    first = run(session, closing)
+    assert first.error is None and first.stdout == "before\n"
+    printing = "print('after', kept + 1)\nprint('on stderr', file=sys.stderr)\nprint(repr(sys.stdin.read()))"
+
+    second = run(session, printing)  # EBADF, before the REPL restored its fds
+
+    assert second.error is None, second.error
+    assert second.stdout.splitlines() == ["after 42", "on stderr", "''"]  # the same REPL, its state kept
+    assert run(session, "sys.stdout.close()\nsys.stderr.close()").error is None
+    assert run(session, printing).stdout.splitlines() == ["after 42", "on stderr", "''"]
+
+
+def zombies_and_forks(count: int) -> str:
+    """A cell that forks `count` children which end at once and are never waited for, returns
+    once every one is a zombie, and says how many zombies there were before it forked."""
+    return f"""
+import os, time
+def state(pid):
+    try:
+        return open(f'/proc/{{pid}}/stat').read().rsplit(')', 1)[1].split()[0]
+    except OSError:
+        return '?'
+before = sum(1 for entry in os.listdir('/proc') if entry.isdigit() and state(entry) == 'Z')
+forked = [os.fork() or os._exit(0) for _ in range({count})]
+deadline = time.monotonic() + 10
+while any(state(pid) != 'Z' for pid in forked) and time.monotonic() < deadline:
+    time.sleep(0.01)
+print('zombies before', before, 'forked', len(forked))
+"""
+
+
+def test_children_a_cell_never_waited_for_do_not_pile_up_against_max_processes(sandboxes: Sandboxes) -> None:
+    session = sandboxes.lease(max_processes=14).interpreter_factory()
+    outputs = []
+    for _ in range(3):  # 8 zombies left by each cell would take the third past 14 processes
+        result = run(session, zombies_and_forks(8))
+        assert result.error is None, result.error
+        outputs.append(result.stdout.strip())
+    assert outputs == ["zombies before 0 forked 8"] * 3
+
+
+MEMORY_MB = 96
+# A child that takes more memory than the REPL has left while /tmp (charged to the REPL) holds
+# most of it: the memory limit kills the child, the largest process.
+HOG = "b = bytearray(56 * 2**20)\nb[::4096] = b'y' * (len(b) // 4096)\nimport time\ntime.sleep(60)"
+FILL_TMP = "with open('/tmp/fill', 'wb') as out:\n    for _ in range(48):\n        out.write(b'x' * 2**20)\n"
+
+
+def test_a_child_the_memory_limit_killed_is_named_in_the_cells_output(sandboxes: Sandboxes) -> None:
+    lease = sandboxes.lease(memory_mb=MEMORY_MB)
+    session = lease.interpreter_factory()
+    session.start()
+    repl = session._repl
+    if repl is None or repl.cgroup is None:
+        pytest.skip("needs a memory cgroup for the REPL (a root worker with writable cgroups)")
+
+    waited = run(
+        session,
+        f"import subprocess, sys\n{FILL_TMP}"
+        f"child = subprocess.Popen([sys.executable, '-c', {HOG!r}])\n"
+        "child.wait()\nprint('pid', child.pid, 'status', child.returncode)",
+    )
+    assert waited.error is None, waited.error
+    pid = waited.stdout.split()[1]
+    assert f"pid {pid} status -9" in waited.stdout
+    assert f"[process {pid} killed: memory limit]" in waited.stdout
+
+    # Forked and never waited for: the REPL reaps it at the cell's end, and names it.
+    unwaited = run(
+        session,
+        "import os, time\nos.remove('/tmp/fill')\n" + FILL_TMP + "pid = os.fork()\n"
+        f"if pid == 0:\n    exec({HOG!r})\n    os._exit(0)\n"
+        "deadline = time.monotonic() + 20\n"
+        "while time.monotonic() < deadline:\n"
+        "    try:\n        gone = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] == 'Z'\n"
+        "    except OSError:\n        gone = True\n"
+        "    if gone:\n        break\n    time.sleep(0.01)\n"
+        "print('pid', pid)",
+    )
+    assert unwaited.error is None, unwaited.error
+    pid = unwaited.stdout.split()[1]
+    assert f"[process {pid} killed: memory limit]" in unwaited.stdout
+
+    quiet = run(
+        session,
+        "import os, signal, subprocess\nchild = subprocess.Popen(['sleep', '30'])\n"
+        "os.kill(child.pid, signal.SIGKILL)\nchild.wait()\nos.remove('/tmp/fill')",
+    )
+    assert "killed: memory limit" not in quiet.stdout  # a kill of the cell's own is not the limit's
