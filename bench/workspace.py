@@ -50,7 +50,8 @@ from fleet_shared.confined import walk
 from fleet_shared.manifests import Manifest, object_key
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.jail import LocalSandboxConfig
-from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
+from fleet_worker.sandbox.lease import LocalSandboxLease
+from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.removal import remove_tree
 from fleet_worker.sandbox.sync import VersionedFolders
 from fleet_worker.workspace_objects import WorkspaceObjects

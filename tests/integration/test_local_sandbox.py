@@ -23,7 +23,8 @@ from fleet_worker.sandbox.errors import (
     SandboxUnavailable,
 )
 from fleet_worker.sandbox.jail import LocalSandboxConfig
-from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
+from fleet_worker.sandbox.lease import LocalSandboxLease
+from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.session import ReplSession
 
 REPO = Path(__file__).resolve().parents[2]

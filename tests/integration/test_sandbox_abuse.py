@@ -20,7 +20,8 @@ import pytest
 from fleet_worker.sandbox.boundary import Caps, CellResult
 from fleet_worker.sandbox.errors import CellCrashed, CellTimeout
 from fleet_worker.sandbox.jail import LocalSandboxConfig
-from fleet_worker.sandbox.local import LocalSandboxLease, LocalSandboxProvider
+from fleet_worker.sandbox.lease import LocalSandboxLease
+from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.process import children, process_state
 from fleet_worker.sandbox.session import ReplSession
 

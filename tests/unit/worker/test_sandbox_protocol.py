@@ -17,14 +17,17 @@ import pytest
 from fleet_worker.sandbox import repl_main
 from fleet_worker.sandbox.errors import FrameTimeout, FrameTooLarge, SandboxCrashed
 from fleet_worker.sandbox.jail import (
+    DRIVER_FD_PLACEHOLDER,
     DRIVER_MOUNT,
     DRIVER_SOURCE,
+    MASK_BYTES,
     OUTPUT_FD_PLACEHOLDER,
     SECCOMP_FD_PLACEHOLDER,
     WORKSPACE_MOUNT,
     LocalSandboxConfig,
     bwrap_command,
     resolve_python,
+    usr_local,
 )
 from fleet_worker.sandbox.protocol import (
     FIRST_READ_BYTES,
@@ -259,8 +262,8 @@ def test_bwrap_command(python: str, executable: str, prefix: str | None, tmp_pat
     assert options[options.index("--gid") + 1] == "201234"
     assert options[options.index("--seccomp") + 1] == SECCOMP_FD_PLACEHOLDER
     # /tmp is a tmpfs of bounded size (--size applies to the --tmpfs right after it).
-    assert options[options.index("--size") + 1] == str(cfg.tmp_mb * 2**20)
-    assert options.index("--tmpfs") == options.index("--size") + 2
+    tmp = options.index("/tmp")
+    assert options[tmp - 3 : tmp] == ["--size", str(cfg.tmp_mb * 2**20), "--tmpfs"]
     # The environment is cleared first, then exactly these variables are set.
     setenvs = [i for i, arg in enumerate(options) if arg == "--setenv"]
     assert options.index("--clearenv") < min(setenvs)
@@ -274,21 +277,21 @@ def test_bwrap_command(python: str, executable: str, prefix: str | None, tmp_pat
     assert pairs(options, "--bind") == [(str(workspace), WORKSPACE_MOUNT)]
     ro_binds = pairs(options, "--ro-bind")
     assert ("/usr", "/usr") in ro_binds
-    assert (str(DRIVER_SOURCE), DRIVER_MOUNT) in ro_binds
+    # The driver is copied in through an fd (no host path of it in the jail's mount table).
+    assert (DRIVER_FD_PLACEHOLDER, DRIVER_MOUNT) in pairs(options, "--ro-bind-data")
     assert options[options.index("--chdir") + 1] == WORKSPACE_MOUNT
     assert options[options.index("--proc") + 1] == "/proc"
     assert options[options.index("--dev") + 1] == "/dev"
-    assert options[options.index("--tmpfs") + 1] == "/tmp"
     if prefix is None:
-        assert len(ro_binds) == 2 + sum(1 for _src, dst in ro_binds if dst in {"/bin", "/lib"})
+        assert len(ro_binds) == 1 + sum(1 for _src, dst in ro_binds if dst in {"/bin", "/lib"})
     else:
         assert (prefix, prefix) in ro_binds
 
-    # Nothing of /etc, /root or the repository: the driver file is the one thing bound from it.
+    # Nothing of /etc, /root or the repository.
     for source in bind_sources(options):
         assert not source.startswith(("/etc", "/root", "/home"))
         assert not REPO.is_relative_to(source)
-        assert source == str(DRIVER_SOURCE) or not Path(source).is_relative_to(REPO)
+        assert not Path(source).is_relative_to(REPO)
 
     assert command == [
         executable,
@@ -333,3 +336,38 @@ def test_resolve_python() -> None:
         assert auto == "/usr/bin/python3"
     else:
         assert ".venv" not in auto and os.access(auto, os.X_OK)
+
+
+def test_usr_local_shows_only_what_an_interpreter_there_needs(tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    for path in ("bin/python3.11", "bin/pip", "lib/libpython3.11.so.1.0", "lib/libother.so", "etc/x"):
+        (local / path).parent.mkdir(parents=True, exist_ok=True)
+        (local / path).touch()
+    for folder in ("lib/python3.11/site-packages/pip", "lib/python3.12", "games"):
+        (local / folder).mkdir(parents=True)
+    stdlib = local / "lib/python3.11"
+
+    argv = usr_local(str(local / "bin/python3.11"), local)
+
+    assert argv[:4] == ["--size", MASK_BYTES, "--tmpfs", str(local)]
+    assert {src for src, _dst in pairs(argv, "--ro-bind")} == {
+        str(local / "bin/python3.11"),
+        str(local / "lib/libpython3.11.so.1.0"),
+        str(stdlib),
+    }
+    assert all(src == dst for src, dst in pairs(argv, "--ro-bind"))
+    assert argv[argv.index(str(stdlib / "site-packages")) - 1] == "--tmpfs"  # its listing hidden
+    assert [argv[i + 1] for i, arg in enumerate(argv) if arg == "--remount-ro"] == [
+        str(local),
+        str(stdlib / "site-packages"),
+    ]
+    # An interpreter elsewhere needs nothing of it: /usr/local is empty in the jail.
+    assert usr_local("/usr/bin/python3", local) == [
+        "--size",
+        MASK_BYTES,
+        "--tmpfs",
+        str(local),
+        "--remount-ro",
+        str(local),
+    ]
+    assert usr_local("/usr/bin/python3", tmp_path / "missing") == []

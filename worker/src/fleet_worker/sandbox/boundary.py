@@ -23,6 +23,7 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # The REPL refuses values nested deeper than 100 levels (repl_main.MAX_NESTING); anything
 # deeper here was forged past it. The margin covers the frame's own envelope.
 MAX_NESTING = 104
+MAX_KILLED = 64  # pids of killed processes a result may name (repl_main.MAX_KILLED)
 
 
 class TooDeep(ValueError):
@@ -90,9 +91,13 @@ def capped(text: str, limit: int) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
 
 
-def parse_result(message: Mapping[str, Any], stdout: str, truncated: bool, caps: Caps) -> CellResult:
+def parse_result(
+    message: Mapping[str, Any], stdout: str, truncated: bool, caps: Caps, oom_kills: int = 0
+) -> CellResult:
     """Turn a result frame (and the output read meanwhile) into a CellResult; a malformed frame
-    means a broken REPL. An oversized SUBMIT becomes the cell's error, so the RLM can shorten it."""
+    means a broken REPL. An oversized SUBMIT becomes the cell's error, so the RLM can shorten it.
+    `oom_kills`: how many processes the REPL's memory limit killed during the cell."""
+    stdout += killed_notes(message.get("killed"), oom_kills, stdout)
     try:
         final, error = clean(message.get("final")), clean(message.get("error"))
     except TooDeep as exc:
@@ -115,6 +120,18 @@ def parse_result(message: Mapping[str, Any], stdout: str, truncated: bool, caps:
         )
         final, cell_error = None, CellError("AnswerTooLarge", message_text, "")
     return CellResult(stdout=stdout, truncated=truncated, final=final, error=cell_error)
+
+
+def killed_notes(killed: Any, oom_kills: int, stdout: str) -> str:
+    """A line `[process <pid> killed: memory limit]` for each process the REPL saw die by
+    SIGKILL (`killed`, pids as the cell knows them) in a cell during which the memory limit
+    killed something; nothing otherwise. Outside the output cap: they are few and short."""
+    if oom_kills <= 0 or not isinstance(killed, list):
+        return ""
+    notes = "".join(
+        f"[process {pid} killed: memory limit]\n" for pid in killed[:MAX_KILLED] if type(pid) is int
+    )
+    return f"\n{notes}" if notes and stdout and not stdout.endswith("\n") else notes
 
 
 def call_host_tool(tools: Mapping[str, Callable[..., Any]], message: Mapping[str, Any], caps: Caps) -> bytes:

@@ -77,16 +77,15 @@ class Cgroup:
                 found |= {int(line) for line in procs.read_text().split()}
         return found
 
-    def oom_killed(self) -> bool:
-        """Whether the memory limit was hit hard enough for the kernel to kill something."""
+    def oom_kills(self) -> int:
+        """How many processes the memory limit has killed (0 when the kernel does not say)."""
         memory = self.dirs[0]
+        events = memory / ("memory.oom_control" if self.version == 1 else "memory.events")
         with contextlib.suppress(OSError, ValueError):
-            if self.version == 1:
-                return "oom_kill 0" not in (memory / "memory.oom_control").read_text()
-            for line in (memory / "memory.events").read_text().splitlines():
+            for line in events.read_text().splitlines():
                 if line.startswith("oom_kill "):
-                    return int(line.split()[1]) > 0
-        return False
+                    return int(line.split()[1])
+        return 0
 
     def remove(self) -> None:
         """Kill what is left and remove the directories. The kernel lets go of a cgroup a moment

@@ -22,11 +22,15 @@ WORKSPACE_MOUNT = "/workspace"
 # Replaced by fd numbers when a REPL is spawned (fleet_worker.sandbox.process).
 OUTPUT_FD_PLACEHOLDER = "{output-fd}"
 SECCOMP_FD_PLACEHOLDER = "{seccomp-fd}"
+DRIVER_FD_PLACEHOLDER = "{driver-fd}"
 DRIVER_DIR_MOUNT = "/opt/fleet"
 DRIVER_MOUNT = f"{DRIVER_DIR_MOUNT}/repl_main.py"
 DRIVER_SOURCE = Path(__file__).with_name("repl_main.py")
 # Top-level host dirs that hold the OS (merged-usr hosts make all but /usr symlinks into it).
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# What the host installed itself: the jail sees it empty, but for the interpreter's own files.
+USR_LOCAL = Path("/usr/local")
+MASK_BYTES = str(1 << 20)  # a mask's tmpfs holds only the mount points of the binds inside it
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class LaunchSpec:
     # Host uid (and gid) to drop to before exec; None keeps the worker's own identity.
     run_as: int | None = None
     seccomp: bytes | None = None  # the BPF program for bwrap's --seccomp
+    # The staged REPL driver, copied into the jail through an fd: no host path of it shows there.
+    driver: Path | None = None
     cgroups: Cgroups | None = None  # one cgroup per REPL, with `limits`
     limits: Limits | None = None
 
@@ -122,7 +128,8 @@ def python_mount(python: str) -> tuple[str, str | None]:
     """The interpreter path to exec in the jail, and its install prefix to ro-bind (if not /usr)."""
     real = os.path.realpath(python)
     if is_system_path(real):
-        return (python if is_system_path(python) else real), None
+        shown = is_system_path(python) and not Path(python).is_relative_to(USR_LOCAL)
+        return (python if shown else real), None
     binary = Path(real)
     prefix = binary.parent.parent if binary.parent.name == "bin" else binary.parent
     if prefix == Path("/"):
@@ -145,6 +152,31 @@ def system_links(root: Path = Path("/")) -> list[str]:
     return args
 
 
+def usr_local(executable: str, local: Path = USR_LOCAL) -> list[str]:
+    """/usr/local as the jail sees it: an empty read-only tmpfs over what the host installed
+    there, holding only the interpreter's own files when it lives there (itself, its stdlib
+    without site-packages, its libpython). Nothing to hide when the host has no such folder."""
+    if local.is_symlink() or not local.is_dir():
+        return []
+    args = ["--size", MASK_BYTES, "--tmpfs", str(local)]
+    binary = Path(executable)
+    masked = [local]
+    if binary.is_relative_to(local):
+        version = binary.name.removeprefix("python")
+        pattern = version if version[:1].isdigit() else "3*"  # a name without its version: any 3.x
+        args += ["--ro-bind", str(binary), str(binary)]
+        for path in sorted((local / "lib").glob(f"libpython{pattern}*")):
+            args += ["--ro-bind", str(path), str(path)]
+        for stdlib in sorted((local / "lib").glob(f"python{pattern}")):
+            args += ["--ro-bind", str(stdlib), str(stdlib)]
+            if (stdlib / "site-packages").is_dir():  # never on the path (-S): its listing hidden
+                args += ["--size", MASK_BYTES, "--tmpfs", str(stdlib / "site-packages")]
+                masked.append(stdlib / "site-packages")
+    for path in masked:
+        args += ["--remount-ro", str(path)]
+    return args
+
+
 def bwrap_command(
     cfg: LocalSandboxConfig,
     workspace: Path,
@@ -155,7 +187,9 @@ def bwrap_command(
     bwrap: str = "bwrap",
     seccomp: bool = True,
 ) -> list[str]:
-    """The bwrap argv for one REPL; only /usr, the interpreter and the workspace are visible."""
+    """The bwrap argv for one REPL; only /usr, the interpreter and the workspace are visible.
+    The driver is a copy the jail reads from an fd (LaunchSpec.driver): its mount shows no host
+    path, and the workspace is bound as it is (a volume's mount shows none either)."""
     argv = jail_args(python, uid=uid, bwrap=bwrap, tmp_mb=cfg.tmp_mb)
     if seccomp:
         argv += ["--seccomp", SECCOMP_FD_PLACEHOLDER]
@@ -163,8 +197,8 @@ def bwrap_command(
         "--bind",
         os.path.abspath(workspace),
         WORKSPACE_MOUNT,
-        "--ro-bind",
-        os.path.abspath(driver),
+        "--ro-bind-data",
+        DRIVER_FD_PLACEHOLDER,
         driver_mount(driver),
         "--chdir",
         WORKSPACE_MOUNT,
@@ -184,7 +218,7 @@ READ_ONLY_ROOT = ("--remount-ro", "/dev", "--remount-ro", "/")
 def jail_args(python: str, *, uid: int, bwrap: str, tmp_mb: int) -> list[str]:
     """What every jail shares, up to its mounts of its own: all namespaces, no environment but
     ours, the system and the interpreter read-only, private /proc, /dev, /tmp and /dev/shm."""
-    _executable, prefix = python_mount(python)
+    executable, prefix = python_mount(python)
     argv = [
         bwrap,
         # Every namespace, network included: the jail has only its own, empty loopback.
@@ -206,7 +240,7 @@ def jail_args(python: str, *, uid: int, bwrap: str, tmp_mb: int) -> list[str]:
     for key, value in sandbox_env(WORKSPACE_MOUNT).items():
         argv += ["--setenv", key, value]
     # No /etc at all: python -I -S needs nothing from it.
-    argv += ["--ro-bind", "/usr", "/usr", *system_links()]
+    argv += ["--ro-bind", "/usr", "/usr", *usr_local(executable), *system_links()]
     tmp_bytes = str(tmp_mb * 1024 * 1024)
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_bytes, "--tmpfs", "/tmp"]
     argv += ["--size", tmp_bytes, "--tmpfs", "/dev/shm"]

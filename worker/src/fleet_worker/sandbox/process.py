@@ -20,7 +20,12 @@ from typing import IO
 import structlog
 
 from fleet_worker.sandbox.cgroups import Cgroup
-from fleet_worker.sandbox.jail import OUTPUT_FD_PLACEHOLDER, SECCOMP_FD_PLACEHOLDER, LaunchSpec
+from fleet_worker.sandbox.jail import (
+    DRIVER_FD_PLACEHOLDER,
+    OUTPUT_FD_PLACEHOLDER,
+    SECCOMP_FD_PLACEHOLDER,
+    LaunchSpec,
+)
 from fleet_worker.sandbox.syscalls import filter_fd
 
 log = structlog.get_logger(__name__)
@@ -74,7 +79,13 @@ JOIN_CGROUP = 'IFS=:; for f in $FLEET_CGROUP_JOIN; do echo 0 > "$f" || exit 125;
 def popen(launch: LaunchSpec, output_fd: int, cgroup: Cgroup | None) -> subprocess.Popen[bytes]:
     """Fork one REPL (called on the spawner thread only); `output_fd` is handed to it as is."""
     seccomp_fd = filter_fd(launch.seccomp) if launch.seccomp is not None else None
-    fds = {OUTPUT_FD_PLACEHOLDER: str(output_fd), SECCOMP_FD_PLACEHOLDER: str(seccomp_fd)}
+    # Its own open file for each jail: bwrap reads it to the end.
+    driver_fd = os.open(launch.driver, os.O_RDONLY | os.O_CLOEXEC) if launch.driver is not None else None
+    fds = {
+        OUTPUT_FD_PLACEHOLDER: str(output_fd),
+        SECCOMP_FD_PLACEHOLDER: str(seccomp_fd),
+        DRIVER_FD_PLACEHOLDER: str(driver_fd),
+    }
     argv = [fds.get(arg, arg) for arg in launch.argv]
     env = dict(launch.env)
     run_as = launch.run_as
@@ -97,7 +108,7 @@ def popen(launch: LaunchSpec, output_fd: int, cgroup: Cgroup | None) -> subproce
             env=env,
             cwd=launch.cwd,
             close_fds=True,
-            pass_fds=(output_fd,) if seccomp_fd is None else (output_fd, seccomp_fd),
+            pass_fds=tuple(fd for fd in (output_fd, seccomp_fd, driver_fd) if fd is not None),
             # Its own process group, so a kill reaches everything the cell started.
             start_new_session=True,
             user=run_as,
@@ -105,8 +116,9 @@ def popen(launch: LaunchSpec, output_fd: int, cgroup: Cgroup | None) -> subproce
             extra_groups=[] if run_as is not None else None,
         )
     finally:
-        if seccomp_fd is not None:
-            os.close(seccomp_fd)
+        for fd in (seccomp_fd, driver_fd):
+            if fd is not None:
+                os.close(fd)
 
 
 def host_pid(root: int, ns_pid: int) -> int | None:

@@ -353,13 +353,8 @@ def child_main(sock: int) -> NoReturn:
         # Dumpable again (fork kept the supervisor's setting): the cell may read its own
         # /proc/self; nothing of the supervisor's is in this process any more.
         prctl(PR_SET_DUMPABLE, 1)
-    # Text that cannot be encoded (a lone surrogate) is escaped, never an error in the cell.
-    sys.stdout = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), "utf-8", "backslashreplace", write_through=True
-    )
-    sys.stderr = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", write_through=True
-    )
+    stdio = Stdio()
+    os.waitpid = noting_kills(WAITPID)
     channel = Channel(sock, sock)
     repl = Repl(channel)
     channel.send({"op": "ready"})
@@ -368,7 +363,13 @@ def child_main(sock: int) -> NoReturn:
             message = channel.receive()
         if message is None or message.get("op") != "execute":
             os._exit(0)
+        stdio.restore()
+        reap_children()  # what the supervisor killed after the last cell: not the cell's news
+        KILLED.clear()
         reply = repl.execute(message)
+        reap_children()
+        if KILLED:
+            reply["killed"] = list(KILLED)
         with channel.lock:
             try:
                 channel.send(reply)
@@ -378,6 +379,94 @@ def child_main(sock: int) -> NoReturn:
                 why = f"cannot send the cell result: {exc}"
                 reply["error"] = {"type": type(exc).__name__, "message": why}
                 channel.send(reply)
+
+
+STDIO_COPIES_BELOW = 1024
+
+
+class Stdio:
+    """The interpreter's fds 0-2 (/dev/null, then the output pipe twice) and sys.stdout and
+    sys.stderr over them, put back before every cell: a cell that closed or replaced them
+    leaves the next one able to print. Copies are kept, with their identity, on the highest fds
+    under STDIO_COPIES_BELOW (or a lower fd limit), away from the low ones a cell's own files
+    take and its loops over them; when a cell took those too, the interpreter ends, and the
+    supervisor replaces it."""
+
+    def __init__(self) -> None:
+        top = min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], STDIO_COPIES_BELOW)
+        self.copies = [os.dup2(fd, top - 3 + fd, inheritable=False) for fd in (0, 1, 2)]
+        self.identities = [self.identity(fd) for fd in self.copies]
+        self.writers()
+
+    @staticmethod
+    def identity(fd: int) -> tuple[int, int]:
+        info = os.fstat(fd)
+        return info.st_dev, info.st_ino
+
+    def writers(self) -> None:
+        # Text that cannot be encoded (a lone surrogate) is escaped, never an error in the cell.
+        self.stdout = sys.stdout = io.TextIOWrapper(
+            io.FileIO(1, "w", closefd=False), "utf-8", "backslashreplace", write_through=True
+        )
+        self.stderr = sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", write_through=True
+        )
+
+    def restore(self) -> None:
+        try:
+            for fd, (copy, identity) in enumerate(zip(self.copies, self.identities, strict=True)):
+                if self.identity(copy) != identity:
+                    raise OSError("a copy of the REPL's stdio was replaced")
+                with suppress(OSError):
+                    if self.identity(fd) == identity:
+                        continue
+                os.dup2(copy, fd)
+        except OSError:
+            os._exit(4)  # nothing left to print with: a fresh interpreter is the only way on
+        if self.stdout.closed or self.stderr.closed:
+            self.writers()
+        else:
+            sys.stdout, sys.stderr = self.stdout, self.stderr
+
+
+# The interpreter's children that died by SIGKILL during the cell, as the cell's own waits or
+# the reaping at its end saw them: the host names them in the output when the REPL's memory
+# limit killed something meanwhile.
+KILLED: list[int] = []
+MAX_KILLED = 64
+WAITPID = os.waitpid  # the C function, whatever a cell makes of os.waitpid
+
+
+def note_kill(pid: int, status: int) -> None:
+    killed = pid > 0 and os.WIFSIGNALED(status) and os.WTERMSIG(status) == _signal.SIGKILL
+    if killed and len(KILLED) < MAX_KILLED:
+        KILLED.append(pid)
+
+
+def noting_kills(waitpid: Any) -> Any:
+    """os.waitpid (subprocess and multiprocessing wait with it) that notes a child's SIGKILL."""
+
+    def noted_waitpid(pid: int, options: int) -> tuple[int, int]:
+        reaped, status = waitpid(pid, options)
+        note_kill(reaped, status)
+        return reaped, status
+
+    noted_waitpid.__name__ = noted_waitpid.__qualname__ = "waitpid"
+    return noted_waitpid
+
+
+def reap_children() -> None:
+    """Reap every child of the interpreter that has ended: one the cell never waited for stays
+    a zombie otherwise, counted against the REPL's processes for as long as the REPL lives.
+    The supervisor cannot: it reaps only what is reparented to it (it is the subreaper)."""
+    while True:
+        try:
+            pid, status = WAITPID(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid <= 0:
+            return
+        note_kill(pid, status)
 
 
 # --- the supervisor -------------------------------------------------------------------------------
@@ -536,9 +625,11 @@ def encoded_call(message: dict[str, Any]) -> bytes | None:
 def result_of(message: dict[str, Any], request_id: Any) -> dict[str, Any]:
     """The child's result, rebuilt from the fields the protocol has: nothing else passes."""
     reply: dict[str, Any] = {"op": "result", "id": request_id}
-    final, error = message.get("final"), message.get("error")
+    final, error, killed = message.get("final"), message.get("error"), message.get("killed")
     if isinstance(final, dict):
         reply["final"] = final
+    if isinstance(killed, list):
+        reply["killed"] = [pid for pid in killed[:MAX_KILLED] if type(pid) is int]
     if isinstance(error, dict):
         reply["error"] = {key: str(error.get(key, "")) for key in ("type", "message", "traceback")}
     return reply

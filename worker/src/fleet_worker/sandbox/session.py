@@ -158,6 +158,7 @@ class ReplSession:
             self.start()
             repl = self._begin_cell()
             repl.output.begin(self._max_output_chars)
+            oom_kills = repl.cgroup.oom_kills() if repl.cgroup is not None else 0
             message: dict[str, Any] | None = None
             failure: SandboxCrashed | FrameTimeout | None = None
             try:
@@ -178,7 +179,8 @@ class ReplSession:
                     truncated=truncated,
                 )
             if message is not None:
-                return self._checked(parse_result(message, stdout, truncated, self._caps))
+                oom_kills = repl.cgroup.oom_kills() - oom_kills if repl.cgroup is not None else 0
+                return self._checked(parse_result(message, stdout, truncated, self._caps, oom_kills))
             if isinstance(failure, FrameTimeout):
                 self._discard(repl)
                 self._respawn_quietly()
@@ -214,7 +216,7 @@ class ReplSession:
         overrun = self._budget.overrun()
         if overrun is None or result.error is not None:
             return result
-        note = f"{overrun}; {pruned(self._budget)}"
+        note = f"{overrun}; {self._budget.pruned()}"
         return dataclasses.replace(result, error=CellError("WorkspaceOverBudget", note, ""))
 
     def interrupt(self) -> None:
@@ -388,7 +390,7 @@ class ReplSession:
         note = self._stderr_note(repl)
         self._discard(repl)
         if isinstance(failure, OverBudget) and self._budget is not None:
-            failure = OverBudget(f"{failure}; {pruned(self._budget)}")  # nothing writes any more
+            failure = OverBudget(f"{failure}; {self._budget.pruned()}")  # nothing writes any more
         self._respawn_quietly()
         if isinstance(failure, SandboxStopped):
             reason = (
@@ -404,12 +406,3 @@ class ReplSession:
     def _stderr_note(repl: Repl) -> str:
         text = repl.stderr.text(wait_seconds=0.5)
         return f"; stderr: {text[-2000:]}" if text else ""
-
-
-def pruned(budget: WorkspaceBudget) -> str:
-    """What a cell over the budget left: the files it wrote past it are removed at once."""
-    removed = budget.prune(budget.cell_started_ns)
-    if not removed:
-        return "delete files to make room"
-    shown = ", ".join(removed[:5]) + (f" and {len(removed) - 5} more" if len(removed) > 5 else "")
-    return f"removed what this cell wrote past it ({shown}); delete files to make room"

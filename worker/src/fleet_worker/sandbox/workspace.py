@@ -2,7 +2,8 @@
 
 Host code never follows a link inside a workspace (everything goes through directory fds with
 `O_NOFOLLOW` / `follow_symlinks=False`), replaces whatever sits where a directory is expected,
-strips setuid/setgid bits and removes device, fifo and socket files.
+strips setuid/setgid bits and removes device, fifo and socket files. Between Runs the workspace
+holds no symbolic link either: a host reader that followed one by mistake finds none.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import os
 import stat
 from pathlib import Path
 
-from fleet_shared.confined import DIR_FLAGS, opened_dir, opened_inside, parts_of, walk
+from fleet_shared.confined import DIR_FLAGS, MAX_DEPTH, opened_dir, opened_inside, parts_of, walk
 from fleet_shared.manifests import WORKSPACE_DIRS
 from fleet_worker.sandbox.provider import FileStamp, Writable
+from fleet_worker.sandbox.removal import empty_folder, grant_owner
 
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID
 
@@ -43,17 +45,51 @@ def ensure_dir(parent: int, name: str) -> None:
     os.mkdir(name, 0o700, dir_fd=parent)
 
 
-def sanitize(workspace: Path, owner: int | None) -> None:
+def sanitize(workspace: Path, owner: int | None, *, between_runs: bool = False) -> None:
     """Walk the workspace without following links: strip setuid/setgid bits, remove device,
     fifo and socket files, and (root hosts) hand every entry to the sandbox's uid.
 
+    `between_runs` (a lease's start and end, when no cell runs) removes every symbolic link too
+    (a Run's own links serve it only while it runs; versions never hold links), the folders
+    nested deeper than the walk goes (a link could hide there; the budget already refuses such
+    a tree and versions never hold it), and gives its owner back the access to a folder that
+    the sandbox took away, so that nothing inside is out of the pass's reach.
+
     Hard-linked files keep their owner: a link to a file outside could otherwise redirect the
-    chown (the jail cannot link across mounts, but the host never relies on that)."""
+    chown (the jail cannot link across mounts, but the host never relies on that). An entry
+    that fails does not stop the pass: the first failure is raised once the walk is done."""
     if owner is not None:
         os.chown(workspace, owner, owner, follow_symlinks=False)
-    for dir_fd, name, info, _path in walk(workspace):
-        with contextlib.suppress(FileNotFoundError):  # the sandbox may still be changing it
+    failure: OSError | None = None
+    for dir_fd, name, info, path in walk(workspace):
+        try:
+            if between_runs and not between_runs_entry(dir_fd, name, info, path):
+                continue
             sanitize_entry(dir_fd, name, info, owner)
+        except FileNotFoundError:  # the sandbox may still be changing it (not between Runs)
+            continue
+        except OSError as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
+def between_runs_entry(dir_fd: int, name: str, info: os.stat_result, path: str) -> bool:
+    """The pass between Runs on one entry, before the walk would enter it; False when it is
+    gone. It runs when the walk yields the entry, which is before the walk opens a folder."""
+    mode = info.st_mode
+    if stat.S_ISLNK(mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return False
+    if not stat.S_ISDIR(mode):
+        return True
+    if path.count("/") >= MAX_DEPTH:  # the walk does not enter it: what it holds goes with it
+        empty_folder(dir_fd, name)
+        os.rmdir(name, dir_fd=dir_fd)
+        return False
+    if stat.S_IMODE(mode) & stat.S_IRWXU != stat.S_IRWXU:  # made unreadable or unwritable
+        grant_owner(dir_fd, name)
+    return True
 
 
 def sanitize_entry(dir_fd: int, name: str, info: os.stat_result, owner: int | None) -> None:

@@ -191,3 +191,11 @@ class WorkspaceBudget:
         except OSError:
             return False
         return True
+
+    def pruned(self) -> str:
+        """What a cell over the budget left: the files it wrote past it are removed at once."""
+        removed = self.prune(self.cell_started_ns)
+        if not removed:
+            return "delete files to make room"
+        shown = ", ".join(removed[:5]) + (f" and {len(removed) - 5} more" if len(removed) > 5 else "")
+        return f"removed what this cell wrote past it ({shown}); delete files to make room"
