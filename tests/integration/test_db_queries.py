@@ -199,7 +199,7 @@ async def test_start_run_is_atomic_and_duplicates_do_nothing(
 
     async def start() -> Run | None:
         async with sessions() as db:
-            return await runs.start_run(db, run_id)
+            return await db.run_sync(runs.start_run_on, run_id)
 
     results = await asyncio.gather(start(), start(), start())
     started = [r for r in results if r is not None]
@@ -212,7 +212,7 @@ async def test_commit_is_fenced_by_attempt(sessions: async_sessionmaker[AsyncSes
         session_id = (await queries.create_session(db, "t")).id
         claimed = await claim(db, session_id, "k")
         assert isinstance(claimed, queries.Claimed)
-        run = await runs.start_run(db, claimed.run.id)
+        run = await db.run_sync(runs.start_run_on, claimed.run.id)
         assert run is not None
         run_id, attempt, user_sequence = run.id, run.attempt, run.user_sequence
         events = [
@@ -292,7 +292,7 @@ async def test_a_withdrawn_claim_leaves_nothing_and_frees_the_key(
         assert await queries.get_run(db, first.run.id) is None
         again = await claim(db, session_id, "k")  # the same key claims afresh
         assert isinstance(again, queries.Claimed) and again.created
-        assert await runs.start_run(db, again.run.id) is not None
+        assert await db.run_sync(runs.start_run_on, again.run.id) is not None
         assert await queries.withdraw_claim(db, again.run.id) is False  # a started Run stays
 
 
@@ -303,7 +303,7 @@ async def test_take_over_bumps_the_attempt_and_fences_the_old_owner(
         session_id = (await queries.create_session(db, "t")).id
         claimed = await claim(db, session_id, "k")
         assert isinstance(claimed, queries.Claimed)
-        run = await runs.start_run(db, claimed.run.id)
+        run = await db.run_sync(runs.start_run_on, claimed.run.id)
         assert run is not None and run.attempt == 1
         run_id, user_sequence = run.id, run.user_sequence
         assert await runs.take_over_run(db, run_id, attempt=1) is True
@@ -330,7 +330,7 @@ async def test_cancelling_a_queued_run_writes_its_tombstone_in_one_go(
         terminal = await runs.cancel_queued_run(db, claimed.run.id)
         assert terminal is not None and terminal.seq == 1
         assert await runs.cancel_queued_run(db, claimed.run.id) is None  # once
-        assert await runs.start_run(db, claimed.run.id) is None  # no worker can claim it now
+        assert await db.run_sync(runs.start_run_on, claimed.run.id) is None  # no worker can claim it now
         turns = await queries.list_turns(db, session_id, after_sequence=0, limit=10)
         events = await queries.load_run_events(db, claimed.run.id)
     assert [t.role for t in turns] == ["user", "assistant"]

@@ -23,8 +23,8 @@ from fleet_gateway.routes.files import MAX_LIST, MAX_TREE_ENTRIES, timestamp
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import ResolvedBlobs, Settings, load_settings
 from fleet_shared.db.engine import create_engine, run_whole, session_factory
-from fleet_shared.db.models import Artifact, Workspace
-from fleet_shared.db.queries import Claimed, claim_turn, now
+from fleet_shared.db.models import Artifact, Workspace, utcnow
+from fleet_shared.db.queries import Claimed, claim_turn
 from fleet_shared.db.workspace_versions import WorkspaceChange, record_on
 from fleet_shared.manifests import FileEntry, Manifest, object_key
 
@@ -532,7 +532,7 @@ def add_artifact(settings: Settings, session_id: str, data: bytes, name: str) ->
                     media_type="text/html",
                     byte_size=len(data),
                     checksum_sha256=hashlib.sha256(data).hexdigest(),
-                    created_at=now(),
+                    created_at=utcnow(),
                 )
             )
             await db.commit()

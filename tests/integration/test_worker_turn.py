@@ -118,7 +118,7 @@ async def test_runaway_cell_is_killed_and_the_turn_recovers(harness_factory) -> 
 async def test_a_commit_whose_acknowledgement_was_lost_is_recognised(harness_factory) -> None:  # type: ignore[no-untyped-def]
     """The retry after a lost COMMIT acknowledgement finds its own commit, not a foreign one."""
     from fleet_shared.run_state import RunCommand
-    from fleet_worker.settlement import commit_once
+    from fleet_worker.settlement import commit_once_on
 
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
     run_id = await harness.submit()
@@ -128,9 +128,13 @@ async def test_a_commit_whose_acknowledgement_was_lost_is_recognised(harness_fac
         assert run is not None
         # The retry carries the same events as the commit whose acknowledgement it missed.
         mine = settlement_of(run, RunCommand.COMPLETE, await queries.load_run_events(db, run_id))
-        assert await commit_once(db, mine) is True
-        assert await commit_once(db, msgspec.structs.replace(mine, attempt=run.attempt + 1)) is False
-        assert await commit_once(db, msgspec.structs.replace(mine, command=RunCommand.FAIL)) is False
+        assert await db.run_sync(commit_once_on, mine) is True
+        assert (
+            await db.run_sync(commit_once_on, msgspec.structs.replace(mine, attempt=run.attempt + 1)) is False
+        )
+        assert (
+            await db.run_sync(commit_once_on, msgspec.structs.replace(mine, command=RunCommand.FAIL)) is False
+        )
         turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
     assert len(turns) == 2  # nothing was written twice
 
@@ -148,7 +152,7 @@ async def test_sweeper_takes_over_and_settles_runs_whose_lease_lapsed(harness_fa
     long_ago = datetime.now(UTC) - timedelta(minutes=5)
     async with harness.sessions() as db:
         for run_id in (lost, leased, fresh):
-            assert await runs.start_run(db, run_id) is not None
+            assert await db.run_sync(runs.start_run_on, run_id) is not None
         await db.execute(update(Run).where(Run.id.in_([lost, leased])).values(started_at=long_ago))
         await db.commit()
     # The lost Run's worker had published two events before it died.
@@ -180,13 +184,13 @@ async def test_sweeper_takes_over_and_settles_runs_whose_lease_lapsed(harness_fa
 
     # The "lost" worker was only stalled: its late commit and its late events are refused.
     from fleet_shared.run_state import RunCommand
-    from fleet_worker.settlement import commit_once
+    from fleet_worker.settlement import commit_once_on
 
     zombie_end = RunFailed(run_id=lost, seq=4, code="lm_error", message="late")
     zombie = settlement_of(run, RunCommand.FAIL, [zombie_end], failure_code="lm_error")
     zombie = msgspec.structs.replace(zombie, attempt=1)
     async with harness.sessions() as db:
-        assert await commit_once(db, zombie) is False
+        assert await db.run_sync(commit_once_on, zombie) is False
     result = await RunLog(harness.redis).append(zombie_end, lease_token(1, "dead-worker"))
     assert result.status is Appended.FENCED
     assert [e.seq for e in await harness.events(lost)] == [1, 2, 3]
@@ -244,7 +248,7 @@ async def test_a_crowd_of_healthy_runs_does_not_hide_a_lost_one(harness_factory)
     now = datetime.now(UTC)
     async with harness.sessions() as db:
         for run_id in [*healthy, lost]:
-            assert await runs.start_run(db, run_id) is not None
+            assert await db.run_sync(runs.start_run_on, run_id) is not None
         # The healthy ones are older, so they would fill any first page of candidates.
         await db.execute(update(Run).where(Run.id.in_(healthy)).values(started_at=now - timedelta(hours=2)))
         await db.execute(update(Run).where(Run.id == lost).values(started_at=now - timedelta(minutes=5)))
@@ -276,7 +280,7 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
     run_id = await harness.submit(enqueue=False)
     async with harness.sessions() as db:
-        run = await runs.start_run(db, run_id)
+        run = await db.run_sync(runs.start_run_on, run_id)
         assert run is not None
     listen = listener(harness.settings.redis_url)
     deps = SimpleNamespace(

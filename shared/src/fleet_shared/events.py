@@ -174,7 +174,7 @@ def decode_event(data: bytes | str) -> RunEvent:
     return EVENT_DECODER.decode(data)
 
 
-def is_terminal(event: RunEvent) -> bool:
+def ends_run(event: RunEvent) -> bool:
     return isinstance(event, TERMINAL_EVENT_TYPES)
 
 
@@ -196,6 +196,6 @@ class Sequencer:
         if self.closed:
             raise RuntimeError(f"run {self.run_id} already emitted its terminal event")
         self.last_seq += 1
-        if is_terminal(event):
+        if ends_run(event):
             self.closed = True
         return msgspec.structs.replace(event, run_id=self.run_id, seq=self.last_seq)

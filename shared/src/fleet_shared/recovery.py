@@ -29,7 +29,7 @@ from fleet_shared import redis_keys
 from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Run
 from fleet_shared.event_log import Appended, RunLog, lease_token, read_all_after
-from fleet_shared.events import RunCancelled, RunEvent, RunFailed, is_terminal
+from fleet_shared.events import RunCancelled, RunEvent, RunFailed, ends_run
 from fleet_shared.metrics import count_reaper_action
 from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, ARQ_JOB_PREFIX, ARQ_RESULT_PREFIX, enqueue_run
 from fleet_shared.run_state import RunCommand, RunStatus
@@ -179,7 +179,7 @@ class Sweeper:
                 # Its worker committed meanwhile; its terminal append was refused by our lease.
                 await self.publish_committed(run.id, token)
                 return 0
-            logged = [e for e in await read_all_after(self.redis, run.id, 0) if not is_terminal(e)]
+            logged = [e for e in await read_all_after(self.redis, run.id, 0) if not ends_run(e)]
             cancelled = bool(await self.redis.exists(redis_keys.run_cancel(run.id)))
             settlement = lost_run_settlement(run, logged, cancelled=cancelled)
             async with self.sessions() as db:

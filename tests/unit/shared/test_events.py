@@ -34,8 +34,8 @@ from fleet_shared.events import (
     Warning,
     decode_event,
     encode_event,
+    ends_run,
     event_type,
-    is_terminal,
 )
 
 RUN = "run_01"
@@ -212,7 +212,7 @@ def test_decode_rejects_malformed(data: bytes) -> None:
 
 @pytest.mark.parametrize("cls", VARIANTS, ids=lambda c: c.__name__)
 def test_is_terminal(cls: type) -> None:
-    assert is_terminal(build(cls, MINIMAL[cls])) is (cls in TERMINAL)
+    assert ends_run(build(cls, MINIMAL[cls])) is (cls in TERMINAL)
     assert (cls in TERMINAL_EVENT_TYPES) is (cls in TERMINAL)
 
 

@@ -62,10 +62,6 @@ async def run_whole_with_retry(
         await asyncio.sleep(backoff.next())
 
 
-async def commit_once(db: AsyncSession, settlement: runs.Settlement) -> bool:
-    return await db.run_sync(commit_once_on, settlement)
-
-
 def commit_once_on(db: OrmSession, settlement: runs.Settlement) -> bool:
     """One try at the commit, on a synchronous session (fleet_shared.db.engine.run_whole)."""
     run = db.get(Run, settlement.run_id, populate_existing=True)

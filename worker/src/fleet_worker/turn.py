@@ -145,11 +145,15 @@ async def finish_even_if_cancelled(work: Coroutine[Any, Any, T]) -> tuple[T, boo
 async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:
     """queued → running, attempt + 1: from here on this worker owns the Run."""
     return await run_whole(
-        deps.sessions, functools.partial(claim_on, run_id=run_id, manifests=deps.manifests)
+        deps.sessions, functools.partial(start_and_load, run_id=run_id, manifests=deps.manifests)
     )
 
 
-def claim_on(db: OrmSession, run_id: str, manifests: ManifestCache[Manifest] | None = None) -> Claim | None:
+def start_and_load(
+    db: OrmSession, run_id: str, manifests: ManifestCache[Manifest] | None = None
+) -> Claim | None:
+    """The Run started (fenced: a duplicate job finds it no longer queued), then what the Turn
+    needs of its session: the checkpoint, the task and the latest workspace version."""
     run = runs.start_run_on(db, run_id)
     if run is None:
         return None

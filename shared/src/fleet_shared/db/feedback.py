@@ -5,8 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from fleet_shared.db.models import Feedback, Run
-from fleet_shared.db.queries import now
+from fleet_shared.db.models import Feedback, Run, utcnow
 from fleet_shared.ids import new_id
 
 
@@ -18,7 +17,7 @@ async def record_feedback(
     if owner != session_id:
         return None
     row = Feedback(
-        id=new_id(), session_id=session_id, run_id=run_id, rating=rating, comment=comment, created_at=now()
+        id=new_id(), session_id=session_id, run_id=run_id, rating=rating, comment=comment, created_at=utcnow()
     )
     db.add(row)
     await db.commit()

@@ -18,8 +18,7 @@ from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.config_file import StorageSection
-from fleet_shared.db.models import Artifact, Attachment, Session, WorkspaceVersion
-from fleet_shared.db.queries import now
+from fleet_shared.db.models import Artifact, Attachment, Session, WorkspaceVersion, utcnow
 
 MIB = 2**20
 
@@ -120,7 +119,7 @@ async def add_attachment(
         media_type=media_type,
         byte_size=byte_size,
         checksum_sha256=checksum_sha256,
-        created_at=now(),
+        created_at=utcnow(),
     )
     db.add(row)
     await db.commit()

@@ -17,8 +17,7 @@ from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db import workspace_versions
 from fleet_shared.db.engine import run_whole
-from fleet_shared.db.models import Run, Session, Turn, Workspace
-from fleet_shared.db.queries import now
+from fleet_shared.db.models import Run, Session, Turn, Workspace, utcnow
 from fleet_shared.ids import new_id
 from fleet_shared.run_state import ACTIVE_STATUSES
 
@@ -48,7 +47,7 @@ def fork_on(db: OrmSession, parent_id: str, title: str | None) -> Session | None
     else commits until the fork does, so every read sees one state too."""
     if db.get_bind().dialect.name == "postgresql":
         db.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-    stamp = now()
+    stamp = utcnow()
     session_id = new_id()
     workspace = Workspace(id=new_id(), name=f"session-{session_id}", created_at=stamp, version=0)
     db.add(workspace)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Literal, cast
 
 import msgspec
@@ -15,7 +14,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db.engine import sqlite_twin
-from fleet_shared.db.models import ACTIVE_SQL, Attachment, Run, RunEventRow, Session, Skill, Turn, Workspace
+from fleet_shared.db.models import (
+    ACTIVE_SQL,
+    Attachment,
+    Run,
+    RunEventRow,
+    Session,
+    Skill,
+    Turn,
+    Workspace,
+    utcnow,
+)
 from fleet_shared.events import (
     RunEvent,
     decode_event,
@@ -25,17 +34,12 @@ from fleet_shared.run_state import RunStatus
 from fleet_shared.skills import selected_skill_part
 from fleet_shared.transcript import attachment_part
 
-
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
 # --- sessions ---------------------------------------------------------------------------------
 
 
 async def create_session(db: AsyncSession, title: str) -> Session:
     """A session and its own workspace: no other session ever sees its files."""
-    stamp = now()
+    stamp = utcnow()
     session_id = new_id()
     workspace = Workspace(id=new_id(), name=f"session-{session_id}", created_at=stamp)
     session = Session(
@@ -83,7 +87,7 @@ async def update_session(
         session.title = title
     if status is not None:
         session.status = status
-    session.updated_at = now()
+    session.updated_at = utcnow()
     await db.commit()
     return session
 
@@ -235,20 +239,21 @@ async def claim_turn(
     request = ClaimRequest(session_id, idempotency_key, fingerprint, model, parts)
     twin = sqlite_twin(engine)
     if twin is not None:
-        return await twin.run(functools.partial(claim_with, request=request))
+        return await twin.run(functools.partial(claim_on_twin, request=request))
     async with engine.connect() as connection:
-        return await connection.run_sync(claim_on, request)
+        return await connection.run_sync(claim_transaction, request)
 
 
-def claim_with(engine: Engine, request: ClaimRequest) -> Claimed | ClaimRefused:
+def claim_on_twin(engine: Engine, request: ClaimRequest) -> Claimed | ClaimRefused:
+    """The claim on a SQLite file's synchronous twin, run in the twin's thread."""
     with engine.connect() as connection:
-        return claim_on(connection, request)
+        return claim_transaction(connection, request)
 
 
-def claim_on(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
+def claim_transaction(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
     """The claim's transaction on a connection it has to itself: committed only for a new Run."""
     try:
-        outcome = try_claim(connection, request)
+        outcome = insert_claim(connection, request)
     except IntegrityError:
         # A concurrent claim won the race: answer as if it had committed before we looked.
         connection.rollback()
@@ -261,12 +266,14 @@ def claim_on(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRe
     return outcome
 
 
-def try_claim(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
+def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
+    """The Run (`queued`) and the user Turn inserted, unless the key's Run, an active Run or an
+    archived session answers first."""
     context = read_claim_context(connection, request.session_id, request.idempotency_key)
     outcome = outcome_of(context, request.fingerprint)
     if outcome is not None:
         return outcome
-    stamp = now()
+    stamp = utcnow()
     values = {
         "id": new_id(), "session_id": request.session_id, "status": RunStatus.QUEUED.value,
         "attempt": 0, "idempotency_key": request.idempotency_key,

@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db import workspace_versions
-from fleet_shared.db.models import Artifact, Run, RunEventRow, Session, Turn
-from fleet_shared.db.queries import get_run, now
+from fleet_shared.db.models import Artifact, Run, RunEventRow, Session, Turn, utcnow
+from fleet_shared.db.queries import get_run
 from fleet_shared.db.workspace_versions import WorkspaceChange
 from fleet_shared.events import ArtifactCreated, RunCancelled, RunEvent, RunFailed, encode_event, event_type
 from fleet_shared.ids import new_id
@@ -61,9 +61,9 @@ def decision_update(
     if decision.bumps_attempt:
         changes["attempt"] = Run.attempt + 1
     if command is RunCommand.START:
-        changes["started_at"] = now()
+        changes["started_at"] = utcnow()
     if decision.target not in ACTIVE_STATUSES:
-        changes.setdefault("finished_at", now())
+        changes.setdefault("finished_at", utcnow())
     query = update(Run).where(Run.id == run_id, Run.status.in_([s.value for s in decision.sources]))
     if attempt is not None:
         query = query.where(Run.attempt == attempt)
@@ -71,13 +71,9 @@ def decision_update(
     return bool(getattr(result, "rowcount", 0) == 1)
 
 
-async def start_run(db: AsyncSession, run_id: str) -> Run | None:
-    """queued → running, bumping `attempt`; None when the Run is not queued (a duplicate job)."""
-    return await db.run_sync(start_run_on, run_id)
-
-
 def start_run_on(db: OrmSession, run_id: str) -> Run | None:
-    """start_run on a synchronous session (fleet_shared.db.engine.run_whole)."""
+    """queued → running, bumping `attempt`, on a synchronous session (the worker runs it through
+    fleet_shared.db.engine.run_whole); None when the Run is not queued (a duplicate job)."""
     start = RunCommand.START
     moved = decision_update(db, run_id, decision=decide(RunStatus.QUEUED, start), command=start, attempt=None)
     db.commit()
@@ -205,7 +201,7 @@ def commit_settlement_on(db: OrmSession, s: Settlement) -> bool:
             role="assistant",
             parts=s.parts,
             status=s.turn_status,
-            created_at=now(),
+            created_at=utcnow(),
         )
     )
     artifacts = [e for e in s.events if isinstance(e, ArtifactCreated)]
@@ -221,7 +217,7 @@ def commit_settlement_on(db: OrmSession, s: Settlement) -> bool:
                     "media_type": e.media_type,
                     "byte_size": e.byte_size,
                     "checksum_sha256": e.checksum_sha256,
-                    "created_at": now(),
+                    "created_at": utcnow(),
                 }
                 for e in artifacts
             ],
