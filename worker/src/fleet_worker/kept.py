@@ -20,12 +20,12 @@ from fleet_worker.sandbox.provider import OverQuota
 from fleet_worker.settlement import run_whole_with_retry
 
 if TYPE_CHECKING:
-    from fleet_worker.turn import Turn, WorkerDeps
+    from fleet_worker.turn import HeldTurn, WorkerDeps
 
 log = structlog.get_logger(__name__)
 
 
-async def keep_artifacts(deps: WorkerDeps, turn: Turn, outcome: Outcome, deadline: float) -> Outcome:
+async def keep_artifacts(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome, deadline: float) -> Outcome:
     """Store and announce what the Run wrote under artifacts/ (the commit records them). If the
     blob store (or the database, past the Turn's deadline) refuses, a completed Turn fails: its
     answer may refer to files it cannot have."""
@@ -52,7 +52,7 @@ async def keep_artifacts(deps: WorkerDeps, turn: Turn, outcome: Outcome, deadlin
 
 
 async def keep_workspace(
-    deps: WorkerDeps, turn: Turn, outcome: Outcome, deadline: float
+    deps: WorkerDeps, turn: HeldTurn, outcome: Outcome, deadline: float
 ) -> tuple[Outcome, WorkspaceChange | None]:
     """The workspace's next version, its changed files stored: whatever the Run's ending, what
     it wrote is what the session's next Turn finds. None when there is nothing to record (no

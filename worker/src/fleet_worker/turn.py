@@ -85,7 +85,7 @@ class Claim:
 
 
 @dataclass
-class Turn:
+class HeldTurn:
     """What one running Turn holds; the program is set once it has started."""
 
     claim: Claim
@@ -173,7 +173,7 @@ def start_and_load(
     )
 
 
-async def hold(deps: WorkerDeps, claim: Claim, cleanup: AsyncExitStack) -> Turn:
+async def hold(deps: WorkerDeps, claim: Claim, cleanup: AsyncExitStack) -> HeldTurn:
     """The lease (released last), the cancel watch and the event sink, for the Turn's lifetime."""
 
     async def still_ours() -> bool:
@@ -190,10 +190,10 @@ async def hold(deps: WorkerDeps, claim: Claim, cleanup: AsyncExitStack) -> Turn:
     await deps.cancels.check_flags([claim.run_id])  # a cancel that came before the watch
     sink = EventSink(deps.runlog, claim.run_id, lease, max_events=deps.settings.profile.rlm.max_events)
     cleanup.push_async_callback(sink.close)
-    return Turn(claim, lease, sink)
+    return HeldTurn(claim, lease, sink)
 
 
-async def prepare_and_execute(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Outcome:
+async def prepare_and_execute(deps: WorkerDeps, turn: HeldTurn, cleanup: AsyncExitStack) -> Outcome:
     try:
         if turn.lease.lost.is_set():
             raise LeaseLost("a sweep took the Run over before this worker could start it")
@@ -212,7 +212,7 @@ class Prepared:
     sandbox: SandboxLease
 
 
-async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prepared:
+async def prepare(deps: WorkerDeps, turn: HeldTurn, cleanup: AsyncExitStack) -> Prepared:
     claim = turn.claim
     turn.sink.emit(StatusChanged(run_id=claim.run_id, phase="preparation"))
     rlm = deps.settings.profile.rlm
@@ -261,7 +261,7 @@ async def prepare(deps: WorkerDeps, turn: Turn, cleanup: AsyncExitStack) -> Prep
     return Prepared(conversation.request, conversation.history, described, skills, sandbox)
 
 
-async def execute(deps: WorkerDeps, turn: Turn, prepared: Prepared) -> Outcome:
+async def execute(deps: WorkerDeps, turn: HeldTurn, prepared: Prepared) -> Outcome:
     """Run the RLM on its thread until it answers, times out, loses its lease, or is cancelled."""
     if turn.lease.cancel_requested.is_set():
         raise TurnCancelled("the Turn was cancelled before it started")
@@ -290,7 +290,7 @@ async def execute(deps: WorkerDeps, turn: Turn, prepared: Prepared) -> Outcome:
     )
 
 
-async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> str:
+async def settle_and_commit(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome) -> str:
     """Emit the last body events, commit Turn + events + status in one fenced transaction, and
     only then publish the terminal event: a client never sees an ending that was not committed."""
     claim, sink = turn.claim, turn.sink
@@ -345,7 +345,7 @@ async def settle_and_commit(deps: WorkerDeps, turn: Turn, outcome: Outcome) -> s
     return settlement.turn_status
 
 
-def next_checkpoint(turn: Turn, outcome: Outcome) -> dict[str, Any]:
+def next_checkpoint(turn: HeldTurn, outcome: Outcome) -> dict[str, Any]:
     claim = turn.claim
     if outcome.answer is not None:
         said = outcome.answer
@@ -362,7 +362,7 @@ def next_checkpoint(turn: Turn, outcome: Outcome) -> dict[str, Any]:
     )
 
 
-async def report_children(deps: WorkerDeps, turn: Turn) -> None:
+async def report_children(deps: WorkerDeps, turn: HeldTurn) -> None:
     """Every child RLM's end and cleanup is reported, also when its thread was abandoned."""
     children = turn.program.children if turn.program is not None else None
     if children is None:
@@ -386,7 +386,7 @@ def capped_answer(deps: WorkerDeps, sink: EventSink, answer: str) -> str:
     return answer[:limit]
 
 
-def settle_deadline(deps: WorkerDeps, turn: Turn) -> float:
+def settle_deadline(deps: WorkerDeps, turn: HeldTurn) -> float:
     """The Turn's deadline (from its program's start), and at least a grace period from now."""
     start = turn.claim.started
     if turn.program is not None and turn.program.started.is_set():
