@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import re
 import socket
 import threading
 from collections.abc import Callable, Generator, Iterator
@@ -32,6 +33,7 @@ import pytest
 ALLOWED_OUTBOUND: frozenset[str] = frozenset()
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 INET_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+NOT_IN_A_HOST_NAME = re.compile(r"[^a-z0-9._-]")  # on a lower-cased name
 GUARD_KEY = pytest.StashKey["NetworkGuard"]()
 
 
@@ -52,20 +54,26 @@ def is_address(host: object) -> bool:
     return True
 
 
+def refused_by_the_resolver(name: str) -> bool:
+    """glibc fails a name that starts with a hyphen, or holds a character no host name has
+    (`user:pw@host`, a space, a slash), as unknown without asking a server."""
+    return name.isascii() and (name.startswith("-") or NOT_IN_A_HOST_NAME.search(name) is not None)
+
+
 def stays_on_this_machine(host: object) -> bool:
-    """Loopback, the unspecified address (this host), a loopback name, or an allowed host."""
+    """Loopback or the unspecified address (this host); a loopback name, an allowed host, or a
+    name the resolver refuses by its shape."""
     if host is None or host in ("", b""):
         return True
     text = host_text(host)
-    if text in LOOPBACK_NAMES or text.endswith(".localhost") or text in ALLOWED_OUTBOUND:
-        return True
     try:
         address = ipaddress.ip_address(text)
-    except ValueError:
-        return False  # a name that is not loopback's: resolving it would already ask a DNS server
+    except ValueError:  # a name: any other would already ask a DNS server when resolved
+        loopback = text in LOOPBACK_NAMES or text.endswith(".localhost")
+        return loopback or text in ALLOWED_OUTBOUND or refused_by_the_resolver(text)
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    return address.is_loopback or address.is_unspecified
+    return address.is_loopback or address.is_unspecified or text in ALLOWED_OUTBOUND
 
 
 @dataclass

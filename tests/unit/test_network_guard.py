@@ -42,6 +42,10 @@ def test_the_session_runs_under_the_guard(no_outbound_network: NetworkGuard) -> 
         ("10.0.0.1", False),
         ("pypi.org", False),
         ("localhost.example.com", False),
+        ("-unresolvable", True),  # the resolver refuses these without asking a server
+        ("user:secret@127.0.0.1", True),
+        ("x.-y.example", False),  # this one it asks a server about
+        ("bücher.example", False),
     ],
 )
 def test_what_stays_on_this_machine(host: str | None, local: bool) -> None:
