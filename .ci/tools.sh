@@ -52,6 +52,7 @@ PY
 fi
 "$bin_dir/helm" version --short
 
-# checkov's first run resolves ~100 packages; do it here so the tests' first call is quick.
+# checkov's first run resolves ~100 packages; do it here: the tests run it from uv's cache with
+# `uvx --offline` (and checkov with `--skip-download`), so nothing they start leaves the machine.
 # (Its interpreter prints the version: `checkov --version` itself spends 4 s importing.)
 uvx --quiet --from "$CHECKOV_SPEC" python -c 'import importlib.metadata as m; print("checkov", m.version("checkov"))'

@@ -3,6 +3,9 @@
 Tests never flush or restart the shared Redis (127.0.0.1:6379) or PostgreSQL (127.0.0.1:5432):
 Redis is a private `redis-server` per test session, PostgreSQL a fresh database per session (and
 `private_postgres`, a whole private cluster, for tests that stop and start the server).
+
+Tests never leave this machine: `tests.support.network_guard` (a session-wide autouse fixture and
+its hooks) fails any test whose process opens a socket to anything but loopback or a Unix socket.
 """
 
 from __future__ import annotations
@@ -20,6 +23,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.support.servers import PostgresServer, RedisServer
+
+# The guard, for every test; pytester, to prove that the guard fails a test (test_network_guard).
+pytest_plugins = ["pytester", "tests.support.network_guard"]
+# litellm otherwise fetches its model cost map from GitHub the first time an LM is built, here and
+# in every process the suite starts (they inherit this environment); the bundled copy does.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 REPO = Path(__file__).resolve().parents[1]
 POSTGRES_ADMIN_DSN = os.environ.get(

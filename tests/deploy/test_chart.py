@@ -135,11 +135,18 @@ def test_custom_resources_shape() -> None:
 
 
 def checkov_summary(folder: Path) -> list[dict[str, object]]:
+    """checkov on `folder`, offline: uv runs it from the cache .ci/tools.sh warmed (`--offline`
+    asks no index), and `--skip-download` keeps checkov from fetching its guidelines from Prisma
+    Cloud (without it, every run asks api0.prismacloud.io)."""
     result = subprocess.run(
-        [uvx(), "--quiet", "--from", CHECKOV_SPEC, "checkov", "--config-file", str(CHECKOV_CONFIG),
-         "--directory", str(folder), "--output", "json"],
+        [uvx(), "--offline", "--quiet", "--from", CHECKOV_SPEC, "checkov", "--skip-download",
+         "--config-file", str(CHECKOV_CONFIG), "--directory", str(folder), "--output", "json"],
         capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
+    if not result.stdout.strip():
+        pytest.fail(
+            f"checkov did not run (`bash .ci/tools.sh` warms it in uv's cache):\n{result.stderr[-2000:]}"
+        )
     reports = json.loads(result.stdout)
     return reports if isinstance(reports, list) else [reports]
 

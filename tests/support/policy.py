@@ -2,7 +2,7 @@
 
 `fleet gateway` serves `PATCH /api/settings`, which rewrites the file FLEET_CONFIG names: a test
 stack that a fuzzer or a test may drive there gets a copy in its own work dir. The copy can also
-shorten the offline profile's heartbeat or raise its log level.
+shorten the offline profile's heartbeat or its cell timeout, or raise its log level.
 """
 
 from __future__ import annotations
@@ -32,7 +32,11 @@ def set_offline_value(text: str, section: str, key: str, value: str) -> str:
 
 
 def private_policy(
-    dest: Path, *, heartbeat_seconds: float | None = None, log_level: str | None = None
+    dest: Path,
+    *,
+    heartbeat_seconds: float | None = None,
+    log_level: str | None = None,
+    cell_timeout_seconds: float | None = None,
 ) -> dict[str, str]:
     """Copy config/fleet.toml (and its scripts) into `dest/policy/`; the env that selects the copy."""
     folder = dest / "policy"
@@ -43,6 +47,8 @@ def private_policy(
         text = set_offline_value(text, "runtime", "heartbeat_seconds", repr(heartbeat_seconds))
     if log_level is not None:
         text = set_offline_value(text, "observability", "log_level", f'"{log_level}"')
+    if cell_timeout_seconds is not None:
+        text = set_offline_value(text, "sandbox.local", "cell_timeout_seconds", repr(cell_timeout_seconds))
     path = folder / "fleet.toml"
     path.write_text(text, encoding="utf-8")
     folder.chmod(0o755)

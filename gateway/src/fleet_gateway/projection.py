@@ -27,7 +27,7 @@ from fleet_shared.events import (
     Usage,
     Warning,
 )
-from fleet_shared.transcript import UNFINISHED_TOOL_TEXT, data_part, lm_query_input
+from fleet_shared.transcript import UNFINISHED_TOOL_TEXT, data_part, failed_cell_text, lm_query_input
 
 Chunk = dict[str, Any]
 Delivery = Literal["live", "replay", "resume"]
@@ -94,8 +94,8 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             ]
         case CodeCell(call_id=call_id, code=code):
             return [tool_input(state, call_id, "python", {"code": code})]
-        case CellOutput(call_id=call_id, error=str() as error):
-            return [tool_error(state, call_id, error)]
+        case CellOutput(call_id=call_id, stdout=stdout, truncated=truncated, error=str() as error):
+            return [tool_error(state, call_id, failed_cell_text(stdout, truncated, error))]
         case CellOutput(call_id=call_id, stdout=stdout, truncated=truncated):
             return [tool_output(state, call_id, {"stdout": stdout, "truncated": truncated})]
         case LMQueryStarted(call_id=call_id, tool=tool):

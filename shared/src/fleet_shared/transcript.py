@@ -29,6 +29,17 @@ from fleet_shared.events import (
 Part = dict[str, Any]
 UNFINISHED_TOOL_TEXT = "the Turn ended before this call returned"
 CANCELLED_TEXT = "Turn cancelled"
+OUTPUT_CUT_NOTE = "[the rest of the output was cut: rlm.max_output_chars]"
+
+
+def failed_cell_text(stdout: str, truncated: bool, error: str) -> str:
+    """What a failed cell (an exception, a timeout, an interrupt, a crash) tells: what it printed,
+    then why it failed. `tool-output-error` has only `errorText`, so this is it, live and committed,
+    and the RLM is told the same. The worker keeps the output within the cap (`fit_output`)."""
+    if not stdout and not truncated:
+        return error
+    head = stdout if not stdout or stdout.endswith("\n") else f"{stdout}\n"
+    return f"{head}{OUTPUT_CUT_NOTE}\n{error}" if truncated else f"{head}{error}"
 
 
 def tombstone_parts(usage: Usage | None) -> list[Part]:
@@ -97,8 +108,8 @@ def fold_parts(events: list[RunEvent]) -> list[Part]:
             case CodeCell(call_id=call_id, code=code):
                 tools[call_id] = tool_part(call_id, "python", {"code": code})
                 parts.append(tools[call_id])
-            case CellOutput(call_id=call_id, error=str() as error):
-                settle_tool(tools.get(call_id), error=error)
+            case CellOutput(call_id=call_id, stdout=stdout, truncated=truncated, error=str() as error):
+                settle_tool(tools.get(call_id), error=failed_cell_text(stdout, truncated, error))
             case CellOutput(call_id=call_id, stdout=stdout, truncated=truncated):
                 settle_tool(tools.get(call_id), output={"stdout": stdout, "truncated": truncated})
             case LMQueryStarted():

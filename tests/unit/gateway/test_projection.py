@@ -34,6 +34,7 @@ from fleet_shared.events import (
     Usage,
     Warning,
 )
+from fleet_shared.transcript import OUTPUT_CUT_NOTE
 
 R, SESSION = "run_abc", "sess_xyz"
 FORBIDDEN_TYPES = {"reset-step", "custom", "steering-message", "reasoning-file", "tool-approval-response"}
@@ -376,7 +377,7 @@ def test_iteration_finished_without_open_step_is_silent() -> None:
                 {
                     "type": "tool-output-error",
                     "toolCallId": "c",
-                    "errorText": "Boom: x",
+                    "errorText": f"partial\n{OUTPUT_CUT_NOTE}\nBoom: x",  # what it printed, first
                     "providerExecuted": True,
                     "dynamic": True,
                 }

@@ -120,7 +120,9 @@ EXPECTED_PARTS: list[dict[str, Any]] = [
         "output": {"texts": ["A", "B"]},
     },
     {"type": "step-start"},
-    python_part("cell-3", "1/0", state="output-error", errorText="ZeroDivisionError: division by zero"),
+    python_part(
+        "cell-3", "1/0", state="output-error", errorText="partial\nZeroDivisionError: division by zero"
+    ),
     {
         "type": "dynamic-tool",
         "toolName": "llm_query",

@@ -21,10 +21,11 @@ from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreter
 from dspy.utils.callback import BaseCallback
 
 from fleet_shared.config import ResolvedLM
+from fleet_shared.transcript import failed_cell_text
 from fleet_worker import metrics
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, asks_for_the_answer, completion_text, count_tokens
-from fleet_worker.observer import TurnObserver
+from fleet_worker.observer import TurnObserver, fit_output
 from fleet_worker.rlm import FleetRLM
 from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.provider import Repl
@@ -235,32 +236,34 @@ class SandboxInterpreter:
             result = self.session.execute(code, variables or {}, tools, fields)
         except CellFailed as exc:  # timed out, interrupted, or its REPL died: told to the RLM
             message = HOST_PATHS.scrub(str(exc))
-            self.report(call_id, exc.stdout, exc.truncated, message)
+            told = self.report(call_id, exc.stdout, exc.truncated, message)
             if self.observer.stop.is_set():
                 raise TurnStopped(message) from None
-            combined = f"{exc.stdout}\n{message}" if exc.stdout else message
-            raise CodeExecutionError(combined) from None
+            raise CodeExecutionError(told) from None
         except SandboxCrashed as exc:  # no REPL could be started at all
             message = HOST_PATHS.scrub(str(exc))
             self.report(call_id, "", False, message)
             raise CodeInterpreterError(message) from None
         if result.error is not None:
             detail = result.error.traceback or f"{result.error.type}: {result.error.message}"
-            self.report(call_id, result.stdout, result.truncated, detail)
+            told = self.report(call_id, result.stdout, result.truncated, detail)
             if result.error.type == "SyntaxError":
                 raise SyntaxError(result.error.message)
-            combined = f"{result.stdout}\n{detail}" if result.stdout else detail
-            raise CodeExecutionError(combined)
+            raise CodeExecutionError(told)
         self.report(call_id, result.stdout, result.truncated, None)
         if result.final is not None:
             return FinalOutput(result.final)
         return result.stdout
 
-    def report(self, call_id: str | None, stdout: str, truncated: bool, error: str | None) -> None:
+    def report(self, call_id: str | None, stdout: str, truncated: bool, error: str | None) -> str:
+        """Streams how the cell ended (unless it is DSPy's own setup code, with no call id). For a
+        failed cell, returns what the RLM is told: the same text as the client's `errorText`."""
+        if error is not None:
+            error = HOST_PATHS.scrub(error)
+            stdout, truncated = fit_output(stdout, truncated, error, self.observer.max_output_chars)
         if call_id is not None:
-            self.observer.cell_finished(
-                call_id, stdout, truncated, None if error is None else HOST_PATHS.scrub(error)
-            )
+            self.observer.cell_finished(call_id, stdout, truncated, error)
+        return stdout if error is None else failed_cell_text(stdout, truncated, error)
 
 
 # --- the program --------------------------------------------------------------------------------

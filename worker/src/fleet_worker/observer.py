@@ -22,6 +22,7 @@ from fleet_shared.events import (
     RunEvent,
     Warning,
 )
+from fleet_shared.transcript import OUTPUT_CUT_NOTE, failed_cell_text
 from fleet_worker.budget import CallBudget, LLMBudgetExhausted
 from fleet_worker.errors import TurnStopped
 
@@ -221,6 +222,15 @@ class TurnObserver:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm-batch") as pool:
             futures = [pool.submit(contextvars.copy_context().run, one, p) for p in prompts]
             return [future.result() for future in futures]
+
+
+def fit_output(stdout: str, truncated: bool, error: str, limit: int) -> tuple[str, bool]:
+    """A failed cell's output, cut at its end so that `failed_cell_text` of it and its error stays
+    within `limit` (rlm.max_output_chars). The error is never cut here: it has its own cap."""
+    if len(failed_cell_text(stdout, truncated, error)) <= limit:
+        return stdout, truncated
+    room = limit - len(error) - len(OUTPUT_CUT_NOTE) - len("\n\n")  # a break after each of output, note
+    return stdout[: max(room, 0)], True
 
 
 def lm_query_started(run_id: str, call_id: str, name: str, kwargs: dict[str, Any]) -> LMQueryStarted:
