@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fleet_shared.db import queries
-from fleet_shared.events import ArtifactCreated, CellOutput, ChildProgress, RunEvent, Warning
+from fleet_shared.events import ArtifactCreated, CellOutput, ChildProgress, RunEvent, RunWarning
 from tests.integration.test_escape import HarnessFactory
 from tests.unit.worker.test_tree_removal import hold_scratch, nest
 
@@ -86,7 +86,7 @@ async def test_sparse_artifacts_touched_again_do_not_fill_the_blob_store(
     assert errors and "sandbox.local.workspace_mb" in errors[0], "apparent size is not counted"
     kept = of(events, ArtifactCreated)
     assert len(kept) == 3 and all(a.byte_size == SPARSE_MIB * 2**20 for a in kept)
-    refused, workspace = [w for w in of(events, Warning) if w.code == "storage_quota_exceeded"]
+    refused, workspace = [w for w in of(events, RunWarning) if w.code == "storage_quota_exceeded"]
     # The cell went past its 1 GiB budget (20 files of 64 MiB): what it wrote past it was removed at
     # its end (with the 4 MiB slack a workspace volume gives the check, one file more); 3 of what is
     # left fit the session's quota, and a warning names the rest.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fleet_shared.db import queries
-from fleet_shared.events import CellOutput, LMQueryStarted, Warning
+from fleet_shared.events import CellOutput, LMQueryStarted, RunWarning
 from fleet_worker.sandbox.jail import LocalSandboxConfig
 from tests.integration.attacks import Attack, HarnessFactory, attack, attack_script
 
@@ -174,7 +174,7 @@ async def test_a_flood_of_refused_llm_calls_makes_one_warning(harness_factory: H
         local={"cell_timeout_seconds": 60},  # a loaded machine: the flood, not the clock, is the test
     )
     assert int(outcome.answer) >= 1990
-    warnings = [e for e in outcome.events if isinstance(e, Warning) and e.code == "llm_budget_exhausted"]
+    warnings = [e for e in outcome.events if isinstance(e, RunWarning) and e.code == "llm_budget_exhausted"]
     assert len(warnings) == 1
     assert len([e for e in outcome.events if isinstance(e, LMQueryStarted)]) <= 2
     assert len(outcome.events) < 60

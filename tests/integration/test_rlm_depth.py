@@ -21,8 +21,8 @@ from fleet_shared.events import (
     RunCancelled,
     RunCompleted,
     RunEvent,
+    RunWarning,
     Usage,
-    Warning,
 )
 from tests.integration.harness import Harness
 
@@ -73,7 +73,7 @@ async def test_one_budget_refuses_sub_calls_once_the_root_used_its_share(harness
     events = await harness.events(run_id)
     assert isinstance(events[-1], RunCompleted)
     assert [a.text for a in of(events, Answer)] == ["A B C | True"]
-    warnings = of(events, Warning)
+    warnings = of(events, RunWarning)
     assert [w.code for w in warnings] == ["llm_budget_exhausted"]
     started = of(events, LMQueryStarted)
     assert [(s.tool, s.prompt_count) for s in started] == [("llm_query_batched", 3)]

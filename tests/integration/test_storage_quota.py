@@ -20,7 +20,7 @@ from fleet_shared.config import Settings
 from fleet_shared.db import files, queries
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.db.models import Artifact
-from fleet_shared.events import ArtifactCreated, RunEvent, Warning
+from fleet_shared.events import ArtifactCreated, RunEvent, RunWarning
 from fleet_shared.ids import new_id
 from tests.integration.harness import Harness
 from tests.integration.test_escape import HarnessFactory
@@ -60,15 +60,15 @@ def kept(events: list[RunEvent]) -> list[str]:
 
 def warnings(events: list[RunEvent]) -> dict[str, str]:
     """The artifacts' warnings by code (the workspace's own quota warning: `workspace_warning`)."""
-    return {e.code: e.message for e in events if isinstance(e, Warning) and not is_workspace_warning(e)}
+    return {e.code: e.message for e in events if isinstance(e, RunWarning) and not is_workspace_warning(e)}
 
 
-def is_workspace_warning(event: Warning) -> bool:
+def is_workspace_warning(event: RunWarning) -> bool:
     return event.message.startswith("the workspace's changes were not kept")
 
 
 def workspace_warning(events: list[RunEvent]) -> str | None:
-    found = [e.message for e in events if isinstance(e, Warning) and is_workspace_warning(e)]
+    found = [e.message for e in events if isinstance(e, RunWarning) and is_workspace_warning(e)]
     return found[0] if found else None
 
 

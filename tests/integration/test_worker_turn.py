@@ -319,7 +319,7 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
 async def test_a_turn_out_of_iterations_ends_with_the_extracted_answer_and_says_so(harness_factory) -> None:  # type: ignore[no-untyped-def]
     """`rlm.max_iters` used up without SUBMIT: DSPy's extract fallback answers (with the scripted
     LM, the next root line's reasoning), a `max_iters` warning comes first, the Turn completes."""
-    from fleet_shared.events import Answer, Warning
+    from fleet_shared.events import Answer, RunWarning
 
     steps = [{"lm": "root", "reasoning": f"step {i}", "code": f"x{i} = {i}"} for i in range(2)]
     extract = {"lm": "root", "reasoning": "the best answer so far", "code": "unused"}
@@ -328,11 +328,11 @@ async def test_a_turn_out_of_iterations_ends_with_the_extracted_answer_and_says_
     await harness.work()
     events = await harness.events(run_id)
     kinds = [type(e).__name__ for e in events]
-    warnings = [e for e in events if isinstance(e, Warning)]
+    warnings = [e for e in events if isinstance(e, RunWarning)]
     answers = [e for e in events if isinstance(e, Answer)]
     assert [w.code for w in warnings] == ["max_iters"] and "rlm.max_iters" in warnings[0].message
     assert [a.text for a in answers] == ["the best answer so far"]
-    assert kinds.index("Warning") < kinds.index("Answer") and kinds[-1] == "RunCompleted"
+    assert kinds.index("RunWarning") < kinds.index("Answer") and kinds[-1] == "RunCompleted"
     async with harness.sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None and run.status == "completed"

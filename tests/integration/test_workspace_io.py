@@ -13,7 +13,7 @@ from sqlalchemy import select
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.db import files, queries
 from fleet_shared.db.models import Artifact
-from fleet_shared.events import ArtifactCreated, AttachmentStaged, Warning
+from fleet_shared.events import ArtifactCreated, AttachmentStaged, RunWarning
 from fleet_shared.ids import new_id
 from tests.integration.harness import Harness
 
@@ -86,7 +86,7 @@ async def test_artifact_limits_keep_the_turn_and_say_why(harness_factory: Harnes
     run_id = await harness.submit("go")
     await harness.work()
     events = await harness.events(run_id)
-    warnings = {e.code: e.message for e in events if isinstance(e, Warning)}
+    warnings = {e.code: e.message for e in events if isinstance(e, RunWarning)}
     assert set(warnings) == {"artifacts_truncated", "artifact_too_large"}
     assert "storage.max_artifacts_per_run" in warnings["artifacts_truncated"]
     assert "big.bin" in warnings["artifact_too_large"]

@@ -22,10 +22,10 @@ from fleet_shared.events import (
     RunCompleted,
     RunEvent,
     RunFailed,
+    RunWarning,
     SkillUsed,
     StatusChanged,
     Usage,
-    Warning,
 )
 from fleet_shared.transcript import UNFINISHED_TOOL_TEXT, data_part, failed_cell_text, lm_query_input
 
@@ -106,7 +106,7 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             return [tool_output(state, call_id, {"texts": texts})]
         case LMQueryFinished(call_id=call_id, text=text):
             return [tool_output(state, call_id, {"text": text or ""})]
-        case Usage() | Warning() | AttachmentStaged() | ArtifactCreated() | SkillUsed() | ChildProgress():
+        case Usage() | RunWarning() | AttachmentStaged() | ArtifactCreated() | SkillUsed() | ChildProgress():
             return [data_part(event)]
         case Answer(part_id=part_id, text=text):
             return [

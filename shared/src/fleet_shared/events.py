@@ -62,7 +62,9 @@ class LMQueryFinished(Event, tag="lm_query.finished"):
     error: str | None = None
 
 
-class Warning(Event, tag="warning"):
+class RunWarning(Event, tag="warning"):
+    """Something a Run left undone or cut short, streamed as a `data-warning` part."""
+
     code: str
     message: str
 
@@ -149,7 +151,7 @@ RunEvent = (
     | CellOutput
     | LMQueryStarted
     | LMQueryFinished
-    | Warning
+    | RunWarning
     | Usage
     | AttachmentStaged
     | ArtifactCreated

@@ -20,10 +20,10 @@ from fleet_shared.events import (
     RunCompleted,
     RunEvent,
     RunFailed,
+    RunWarning,
     SkillUsed,
     StatusChanged,
     Usage,
-    Warning,
 )
 
 Part = dict[str, Any]
@@ -56,7 +56,7 @@ def attachment_part(attachment_id: str, filename: str, byte_size: int) -> Part:
     return {"type": "data-attachment", "data": data}
 
 
-DataEvent = Usage | Warning | AttachmentStaged | ArtifactCreated | SkillUsed | ChildProgress
+DataEvent = Usage | RunWarning | AttachmentStaged | ArtifactCreated | SkillUsed | ChildProgress
 
 
 def data_part(event: DataEvent) -> Part:
@@ -64,7 +64,7 @@ def data_part(event: DataEvent) -> Part:
     match event:
         case Usage():
             return {"type": "data-usage", "data": {"usage": usage_payload(event)}}
-        case Warning(code=code, message=message):
+        case RunWarning(code=code, message=message):
             return {"type": "data-warning", "data": {"message": message, "code": code}}
         case AttachmentStaged():
             return attachment_part(event.attachment_id, event.filename, event.byte_size)
@@ -119,7 +119,7 @@ def fold_parts(events: list[RunEvent]) -> list[Part]:
                 settle_tool(tools.get(event.call_id), **lm_query_result(event))
             case ChildProgress():
                 replace_data_part(parts, data_part(event))
-            case Usage() | Warning() | AttachmentStaged() | ArtifactCreated() | SkillUsed():
+            case Usage() | RunWarning() | AttachmentStaged() | ArtifactCreated() | SkillUsed():
                 parts.append(data_part(event))
             case Answer(text=text):
                 parts.append({"type": "text", "text": text, "state": "done"})

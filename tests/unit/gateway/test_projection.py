@@ -30,9 +30,9 @@ from fleet_shared.events import (
     RunCompleted,
     RunEvent,
     RunFailed,
+    RunWarning,
     StatusChanged,
     Usage,
-    Warning,
 )
 from fleet_shared.transcript import OUTPUT_CUT_NOTE
 
@@ -273,7 +273,7 @@ def test_multi_iteration_run_keeps_ids_unique() -> None:
         *body(iteration=1),
         *body(iteration=2),
         *body(iteration=3),
-        Warning(run_id=R, code="w", message="careful"),
+        RunWarning(run_id=R, code="w", message="careful"),
         Answer(run_id=R, part_id="text-answer", text="ok"),
         RunCompleted(run_id=R, duration_ms=5),
     ]
@@ -465,7 +465,7 @@ def test_iteration_finished_without_open_step_is_silent() -> None:
             id="query-error-wins",
         ),
         pytest.param(
-            Warning(run_id=R, code="max_iters", message="ran out"),
+            RunWarning(run_id=R, code="max_iters", message="ran out"),
             [{"type": "data-warning", "data": {"message": "ran out", "code": "max_iters"}}],
             id="warning",
         ),

@@ -20,9 +20,9 @@ from fleet_shared.events import (
     RunCompleted,
     RunEvent,
     RunFailed,
+    RunWarning,
     StatusChanged,
     Usage,
-    Warning,
 )
 from fleet_shared.transcript import fold_parts
 
@@ -74,7 +74,7 @@ FULL_RUN: list[RunEvent] = [
     LMQueryFinished(run_id=R, call_id="llm_query-3-3", error="rate limited"),
     CellOutput(run_id=R, call_id="cell-3", stdout="partial", error="ZeroDivisionError: division by zero"),
     IterationFinished(run_id=R, iteration=3),
-    Warning(run_id=R, code="max_iters", message="out of iterations"),
+    RunWarning(run_id=R, code="max_iters", message="out of iterations"),
     StatusChanged(run_id=R, phase="settling"),
     Answer(run_id=R, part_id="text-answer", text="hello (5 chars)"),
     Usage(
@@ -247,7 +247,7 @@ def test_fold_cases(events: list[RunEvent], expected: list[dict[str, Any]]) -> N
 def test_tool_part_keeps_its_position_when_settled_later() -> None:
     events: list[RunEvent] = [
         CodeCell(run_id=R, call_id="c", code="x"),
-        Warning(run_id=R, code="w", message="m"),
+        RunWarning(run_id=R, code="w", message="m"),
         CellOutput(run_id=R, call_id="c", stdout="done"),
     ]
     parts = fold_parts(events)

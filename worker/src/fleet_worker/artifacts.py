@@ -34,7 +34,7 @@ from fleet_shared.db.files import (
     quota_refusal,
     stored_bytes_on,
 )
-from fleet_shared.events import ArtifactCreated, Warning
+from fleet_shared.events import ArtifactCreated, RunWarning
 from fleet_shared.ids import new_id
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.provider import FileStamp, SandboxLease
@@ -129,7 +129,7 @@ def changed_stamps(
             f"the Run wrote {len(names)} files under artifacts/; only the first {limits.max_count} "
             "were kept (storage.max_artifacts_per_run)"
         )
-        truncated = Warning(run_id=sink.sequencer.run_id, code="artifacts_truncated", message=message)
+        truncated = RunWarning(run_id=sink.sequencer.run_id, code="artifacts_truncated", message=message)
         sink.emit_threadsafe(truncated)
         names = names[: limits.max_count]
     return {name: after[name] for name in names}
@@ -172,7 +172,9 @@ class Keeper:
                 limit = self.limits.max_bytes
                 message = f"artifacts/{name} was not kept: larger than {limit} bytes "
                 message += " (storage.max_artifact_mb)"
-                self.sink.emit_threadsafe(Warning(run_id=run_id, code="artifact_too_large", message=message))
+                self.sink.emit_threadsafe(
+                    RunWarning(run_id=run_id, code="artifact_too_large", message=message)
+                )
                 continue
             except QuotaRefused as exc:
                 refused.append(name)
@@ -182,7 +184,9 @@ class Keeper:
                 self.sink.emit_threadsafe(event)
         if refused:
             message = refusal(refused, reason)
-            self.sink.emit_threadsafe(Warning(run_id=run_id, code="storage_quota_exceeded", message=message))
+            self.sink.emit_threadsafe(
+                RunWarning(run_id=run_id, code="storage_quota_exceeded", message=message)
+            )
 
     def check_quota(self, size: int) -> None:
         if why := quota_refusal(self.limits.quota, self.stored.usage, size):

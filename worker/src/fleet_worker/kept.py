@@ -12,7 +12,7 @@ import structlog
 
 from fleet_shared.db.files import StorageQuota, quota_refusal, stored_bytes_on
 from fleet_shared.db.workspace_versions import WorkspaceChange
-from fleet_shared.events import ArtifactCreated, Warning
+from fleet_shared.events import ArtifactCreated, RunWarning
 from fleet_shared.run_state import RunCommand
 from fleet_worker.artifacts import ARTIFACTS, ArtifactLimits, collect_artifacts
 from fleet_worker.outcome import Outcome
@@ -89,7 +89,7 @@ async def keep_workspace(
         message = (
             f"the workspace's changes were not kept: {exc}; the next Turn starts from the last kept version"
         )
-        turn.sink.emit(Warning(run_id=turn.claim.run_id, code="storage_quota_exceeded", message=message))
+        turn.sink.emit(RunWarning(run_id=turn.claim.run_id, code="storage_quota_exceeded", message=message))
         return outcome, None
     except Exception as exc:
         log.warning("turn.workspace_failed", error_type=type(exc).__name__, error=str(exc))

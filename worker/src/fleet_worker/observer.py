@@ -20,7 +20,7 @@ from fleet_shared.events import (
     LMQueryStarted,
     Reasoning,
     RunEvent,
-    Warning,
+    RunWarning,
 )
 from fleet_shared.transcript import OUTPUT_CUT_NOTE, failed_cell_text
 from fleet_worker.budget import CallBudget, LLMBudgetExhausted
@@ -123,7 +123,7 @@ class TurnObserver:
             f"the RLM used all {max_iters} iterations without SUBMIT; the answer below was "
             "extracted from its work so far (rlm.max_iters)"
         )
-        self.send(Warning(run_id=self.run_id, code="max_iters", message=message))
+        self.send(RunWarning(run_id=self.run_id, code="max_iters", message=message))
 
     def refuse(self, needed: int, what: str) -> LLMBudgetExhausted:
         """The error the cell sees, after one `llm_budget_exhausted` warning per Turn."""
@@ -134,7 +134,7 @@ class TurnObserver:
                 f"the Turn used its {self.budget.limit} LM calls (rlm.max_llm_calls); "
                 "later sub-LM and child calls were refused"
             )
-            self.send(Warning(run_id=self.run_id, code="llm_budget_exhausted", message=message))
+            self.send(RunWarning(run_id=self.run_id, code="llm_budget_exhausted", message=message))
         return refusal
 
     # --- the REPL's LM tools --------------------------------------------------------------------

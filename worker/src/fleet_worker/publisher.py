@@ -27,8 +27,8 @@ from fleet_shared.events import (
     LMQueryStarted,
     Reasoning,
     RunEvent,
+    RunWarning,
     Sequencer,
-    Warning,
     encode_event,
 )
 from fleet_worker.lease import RunLease
@@ -91,7 +91,7 @@ class EventSink:
             if not self.capped:  # one warning, then the steps go unrecorded
                 self.capped = True
                 message = f"the Turn produced over {self.max_events} events; later steps are not shown"
-                self.emit(Warning(run_id=event.run_id, code="events_capped", message=message))
+                self.emit(RunWarning(run_id=event.run_id, code="events_capped", message=message))
             return
         self.events.append(self.sequencer.stamp(encodable(event)))
         self.wakeup.set()

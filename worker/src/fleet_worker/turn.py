@@ -24,7 +24,7 @@ from fleet_shared.config import Settings
 from fleet_shared.db import queries, runs, workspace_versions
 from fleet_shared.db.engine import run_whole
 from fleet_shared.event_log import RunLog, lease_token
-from fleet_shared.events import Answer, ChildProgress, StatusChanged, Warning
+from fleet_shared.events import Answer, ChildProgress, RunWarning, StatusChanged
 from fleet_shared.manifests import Manifest, ManifestCache, WorkspaceState
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
@@ -239,7 +239,7 @@ async def prepare(deps: WorkerDeps, turn: HeldTurn, cleanup: AsyncExitStack) -> 
             f"the RLM sees only the last {rlm.max_history_turns} Turns of this session, "
             f"{rlm.max_history_chars} characters at most"
         )
-        turn.sink.emit(Warning(run_id=claim.run_id, code="history_truncated", message=message))
+        turn.sink.emit(RunWarning(run_id=claim.run_id, code="history_truncated", message=message))
     try:
         sandbox, granted = await acquiring
     except SandboxUnavailable as exc:
@@ -382,7 +382,7 @@ def capped_answer(deps: WorkerDeps, sink: EventSink, answer: str) -> str:
     if len(answer) <= limit:
         return answer
     message = f"the answer was {len(answer)} characters; it was cut to {limit} (rlm.max_answer_chars)"
-    sink.emit(Warning(run_id=sink.sequencer.run_id, code="answer_truncated", message=message))
+    sink.emit(RunWarning(run_id=sink.sequencer.run_id, code="answer_truncated", message=message))
     return answer[:limit]
 
 
