@@ -22,6 +22,7 @@ import pytest
 from tests.e2e.conftest import REPO, Stack, ai_sdk_parse, start_stack, stop_stack, work_dir
 from tests.e2e.contract import check_error, check_history, check_stream, is_control
 from tests.e2e.sse import TurnStream, parse_frames, post_turn
+from tests.support.api import new_session
 from tests.support.policy import private_policy
 
 pytestmark = pytest.mark.e2e
@@ -52,12 +53,6 @@ class Completed:
     @property
     def run_id(self) -> str:
         return self.stream.headers["x-fleet-run-id"]
-
-
-def new_session(client: httpx.Client) -> str:
-    response = client.post("/api/sessions", json={"title": "contract"})
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import pytest
 from tests.e2e.conftest import REPO, Stack, ai_sdk_parse, start_stack, stop_stack, work_dir
 from tests.e2e.sse import TurnStream, post_turn
 from tests.e2e.test_fleet_up import newcomer_env, wait_for_banner
+from tests.support.api import new_session
 from tests.support.fake_provider import serve_fake_provider
 from tests.support.servers import free_port
 
@@ -36,12 +37,6 @@ def recursive_stack() -> Iterator[Stack]:
     stack = start_stack(work_dir("rlm"), env)
     yield stack
     stop_stack(stack)
-
-
-def new_session(client: httpx.Client) -> str:
-    response = client.post("/api/sessions", json={"title": "depth"})
-    assert response.status_code == 201
-    return str(response.json()["id"])
 
 
 def answer_of(stream: TurnStream) -> str:

@@ -14,6 +14,7 @@ import pytest
 
 from tests.e2e.conftest import REPO, Stack, ai_sdk_parse, start_stack, stop_stack, work_dir
 from tests.e2e.sse import post_turn
+from tests.support.api import new_session
 
 pytestmark = pytest.mark.e2e
 CSV = b"name,colour\nada,blue\nbob,green\n"
@@ -25,12 +26,6 @@ def workspace_stack() -> Iterator[Stack]:
     stack = start_stack(work_dir("workspace"), {"FLEET_SCRIPTED_LM": str(script)})
     yield stack
     stop_stack(stack)
-
-
-def new_session(client: httpx.Client) -> str:
-    response = client.post("/api/sessions", json={"title": "workspace"})
-    assert response.status_code == 201
-    return str(response.json()["id"])
 
 
 def upload(client: httpx.Client, name: str, data: bytes, media_type: str) -> dict[str, object]:

@@ -15,6 +15,7 @@ from litestar.testing import TestClient
 
 from fleet_gateway.app import create_app
 from tests.integration.harness import Harness
+from tests.support.api import ApiClient
 
 SUBMIT = {"lm": "root", "reasoning": "r", "code": "SUBMIT(answer='x')"}
 
@@ -29,7 +30,7 @@ def assert_envelope(response: httpx.Response, status: int, code: str) -> dict[st
 
 
 async def post_while_working(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     harness: Harness,
     url: str,
     headers: dict[str, str],
@@ -51,12 +52,12 @@ def harness(harness_factory: Any) -> Harness:
 
 
 @pytest.fixture
-def client(harness: Harness) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def client(harness: Harness) -> Iterator[ApiClient]:
     with TestClient(create_app(harness.settings)) as client:
         yield client
 
 
-async def test_framework_errors_use_the_envelope(client: TestClient, harness: Harness) -> None:  # type: ignore[type-arg]
+async def test_framework_errors_use_the_envelope(client: ApiClient, harness: Harness) -> None:
     session_id = client.post("/api/sessions", json={}).json()["id"]
     turns = f"/api/sessions/{session_id}/turns"
     assert_envelope(client.get("/api/nothing-here"), 404, "not_found")
@@ -111,7 +112,7 @@ async def test_framework_errors_use_the_envelope(client: TestClient, harness: Ha
     ids=["missing", "empty", "blank", "too-long", "control-char"],
 )
 def test_a_bad_idempotency_key_is_refused_by_the_parameter_constraints(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     headers: dict[str, str],
 ) -> None:
     session_id = client.post("/api/sessions", json={}).json()["id"]
@@ -119,7 +120,7 @@ def test_a_bad_idempotency_key_is_refused_by_the_parameter_constraints(
     assert "Idempotency-Key" in assert_envelope(response, 422, "validation_error")["message"]
 
 
-async def test_the_longest_idempotency_key_is_accepted(client: TestClient, harness: Harness) -> None:  # type: ignore[type-arg]
+async def test_the_longest_idempotency_key_is_accepted(client: ApiClient, harness: Harness) -> None:
     session_id = client.post("/api/sessions", json={}).json()["id"]
     turns = f"/api/sessions/{session_id}/turns"
     response = await post_while_working(client, harness, turns, {"Idempotency-Key": "k" * 128})

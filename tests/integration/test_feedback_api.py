@@ -14,6 +14,7 @@ from fleet_gateway.app import create_app
 from fleet_shared.db import queries
 from fleet_shared.db.models import Feedback
 from tests.integration.harness import Harness
+from tests.support.api import ApiClient
 
 UNKNOWN = "00000000-0000-0000-0000-000000000000"
 
@@ -25,7 +26,7 @@ def harness(harness_factory: Any) -> Harness:
 
 
 @pytest.fixture
-def client(harness: Harness) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def client(harness: Harness) -> Iterator[ApiClient]:
     with TestClient(create_app(harness.settings)) as client:
         yield client
 
@@ -45,7 +46,7 @@ async def stored(harness: Harness, feedback_id: str) -> Feedback | None:
 
 
 async def test_feedback_is_stored_and_never_forwarded(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     harness: Harness,
 ) -> None:
     session_id, run_id = await claimed_run(harness)
@@ -69,7 +70,7 @@ async def test_feedback_is_stored_and_never_forwarded(
 
 
 async def test_a_run_of_another_session_is_the_same_404_as_an_unknown_one(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     harness: Harness,
 ) -> None:
     _, run_id = await claimed_run(harness)
@@ -102,7 +103,7 @@ async def test_a_run_of_another_session_is_the_same_404_as_an_unknown_one(
         {"run_id": UNKNOWN, "rating": "up", "forwarded": True},
     ],
 )
-def test_bad_bodies_are_422(client: TestClient, body: dict[str, object]) -> None:  # type: ignore[type-arg]
+def test_bad_bodies_are_422(client: ApiClient, body: dict[str, object]) -> None:
     session_id = client.post("/api/sessions", json={}).json()["id"]
     response = client.post(f"/api/sessions/{session_id}/traces/feedback", json=body)
     assert response.status_code == 422, response.text
@@ -110,7 +111,7 @@ def test_bad_bodies_are_422(client: TestClient, body: dict[str, object]) -> None
 
 
 async def test_a_comment_of_the_maximum_length_is_kept_whole(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     harness: Harness,
 ) -> None:
     session_id, run_id = await claimed_run(harness)

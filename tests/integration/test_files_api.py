@@ -27,6 +27,7 @@ from fleet_shared.db.models import Artifact, Workspace, utcnow
 from fleet_shared.db.queries import Claimed, claim_turn
 from fleet_shared.db.workspace_versions import WorkspaceChange, record_on
 from fleet_shared.manifests import FileEntry, Manifest, object_key
+from tests.support.api import ApiClient, session_row
 
 REPO = Path(__file__).resolve().parents[2]
 UPLOAD = {"x-requested-with": "test"}  # uploads need a header no plain web form can send
@@ -56,15 +57,9 @@ def settings(tmp_path: Path, database_url: str, redis_url: str) -> Settings:
 
 
 @pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def client(settings: Settings) -> Iterator[ApiClient]:
     with TestClient(create_app(settings)) as client:
         yield client
-
-
-def new_session(client: TestClient) -> dict[str, Any]:  # type: ignore[type-arg]
-    response = client.post("/api/sessions", json={})
-    assert response.status_code == 201
-    return dict(response.json())
 
 
 def record_version(
@@ -139,20 +134,20 @@ MINE: Files = {
 
 
 @pytest.fixture
-def planted(settings: Settings, client: TestClient) -> tuple[str, str]:  # type: ignore[type-arg]
+def planted(settings: Settings, client: ApiClient) -> tuple[str, str]:
     """Two sessions, each with a version of its own files."""
-    mine, theirs = new_session(client), new_session(client)
+    mine, theirs = session_row(client), session_row(client)
     record_version(settings, mine["workspace_id"], MINE)
     record_version(settings, theirs["workspace_id"], {"memory/secret.txt": b"theirs"})
     return mine["id"], theirs["id"]
 
 
-def get(client: TestClient, route: str, **params: Any) -> Any:  # type: ignore[type-arg]
+def get(client: ApiClient, route: str, **params: Any) -> Any:
     return client.get(route, params=params)
 
 
 def test_listing_stat_and_tree_show_the_latest_versions_files_and_implied_folders(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     planted: tuple[str, str],
 ) -> None:
     mine, _theirs = planted
@@ -198,9 +193,9 @@ def test_listing_stat_and_tree_show_the_latest_versions_files_and_implied_folder
 
 
 def test_a_session_with_no_version_shows_the_empty_layout_folders(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
 ) -> None:
-    session = new_session(client)["id"]
+    session = session_row(client)["id"]
     root = get(client, "/api/files", session_id=session)
     assert root.status_code == 200, root.text
     assert [i["name"] for i in root.json()["items"]] == ["artifacts", "attachments", "memory", "skills"]
@@ -234,7 +229,7 @@ def test_a_session_with_no_version_shows_the_empty_layout_folders(
 )
 @pytest.mark.parametrize("route", ["/api/files", "/api/files/stat", "/api/files/content", "/api/volume/tree"])
 def test_traversal_odd_and_missing_paths_are_the_same_404(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     planted: tuple[str, str],
     route: str,
     path: str,
@@ -250,7 +245,7 @@ def test_traversal_odd_and_missing_paths_are_the_same_404(
 
 @pytest.mark.parametrize("route", ["/api/files", "/api/volume/tree"])
 def test_a_file_is_not_a_folder_and_a_folder_has_no_content(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     planted: tuple[str, str],
     route: str,
 ) -> None:
@@ -261,7 +256,7 @@ def test_a_file_is_not_a_folder_and_a_folder_has_no_content(
 
 
 def test_foreign_and_unknown_sessions_look_the_same(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     planted: tuple[str, str],
 ) -> None:
     mine, theirs = planted
@@ -275,11 +270,11 @@ def test_foreign_and_unknown_sessions_look_the_same(
 
 
 def test_odd_names_and_times_do_not_break_listings(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
     """A sandbox may name a file oddly and set any mtime: listings still answer."""
-    session = new_session(client)
+    session = session_row(client)
     odd = {
         "memory/ a b ": b"1",
         "memory/…": b"2",
@@ -303,12 +298,12 @@ def tree_size(node: dict[str, Any]) -> int:
 
 
 def test_listings_and_trees_are_cut_at_their_bounds(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
     """A listing shows at most MAX_LIST entries of a folder and a tree at most MAX_TREE_ENTRIES:
     past that it stops and says `truncated`, however many files the version holds."""
-    session = new_session(client)
+    session = session_row(client)
     crowd = {f"memory/many/f{n:05d}": b"" for n in range(MAX_LIST + 5)}
     folders = {f"memory/folders/d{n:04d}/f": b"" for n in range(MAX_TREE_ENTRIES)}
     record_version(settings, session["workspace_id"], {**crowd, **folders, "memory/z.txt": b"z"}, store=False)
@@ -324,10 +319,10 @@ def test_listings_and_trees_are_cut_at_their_bounds(
 
 
 def test_a_page_too_small_for_a_character_still_moves_on(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
-    session = new_session(client)
+    session = session_row(client)
     record_version(settings, session["workspace_id"], {"memory/broken.txt": b"\xf0\x9f\x98x"})
     seen, cursor = [], ""
     for _ in range(10):
@@ -342,10 +337,10 @@ def test_a_page_too_small_for_a_character_still_moves_on(
 
 
 def test_content_pages_never_split_a_character_and_binary_is_415(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
-    session = new_session(client)
+    session = session_row(client)
     text = "añb€c😀d" * 50
     files = {"memory/utf8.txt": text.encode(), "memory/blob.bin": b"\x00\x01binary", "memory/empty": b""}
     record_version(settings, session["workspace_id"], files)
@@ -370,10 +365,10 @@ def test_content_pages_never_split_a_character_and_binary_is_415(
 
 
 def test_a_file_whose_bytes_are_gone_from_the_store_is_404_not_a_500(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
-    session = new_session(client)
+    session = session_row(client)
     record_version(settings, session["workspace_id"], {"memory/lost.txt": b"never stored"}, store=False)
     assert get(client, "/api/files/stat", session_id=session["id"], path="memory/lost.txt").status_code == 200
     lost = get(client, "/api/files/content", session_id=session["id"], path="memory/lost.txt")
@@ -381,11 +376,11 @@ def test_a_file_whose_bytes_are_gone_from_the_store_is_404_not_a_500(
 
 
 def test_any_version_reads_by_number_or_by_run(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
     planted: tuple[str, str],
 ) -> None:
-    session = new_session(client)
+    session = session_row(client)
     first, second = add_run(settings, session["id"], "k1"), str(uuid.uuid4())
     record_version(settings, session["workspace_id"], {"memory/note.txt": b"first"}, run_id=first)
     record_version(settings, session["workspace_id"], {"memory/note.txt": b"second", "memory/new.txt": b"n"})
@@ -420,10 +415,10 @@ def test_any_version_reads_by_number_or_by_run(
 
 
 def test_the_versions_list_pages_newest_first(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
-    session = new_session(client)
+    session = session_row(client)
     url = f"/api/sessions/{session['id']}/workspace/versions"
     assert client.get(url).json() == {"items": [], "next_before_version": None}
     run_id = add_run(settings, session["id"], "k1")
@@ -451,7 +446,7 @@ def test_the_versions_list_pages_newest_first(
 
 
 def test_attachment_upload_is_capped_checked_and_described(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
     data = os.urandom(300_000)
@@ -543,10 +538,10 @@ def add_artifact(settings: Settings, session_id: str, data: bytes, name: str) ->
 
 
 def test_artifact_content_ranges_etag_and_headers(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
-    session = new_session(client)
+    session = session_row(client)
     data = bytes(range(256)) * 40
     artifact_id, run_id = add_artifact(settings, session["id"], data, "out/räport <1>.html")
     url = f"/api/artifacts/{artifact_id}/content"

@@ -16,6 +16,7 @@ from litestar.testing import TestClient
 
 from fleet_gateway.app import create_app
 from fleet_shared.config import Settings, load_settings
+from tests.support.api import ApiClient
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,7 @@ def closed_port() -> int:
 
 
 @pytest.fixture
-def dead_redis_client(database_url: str) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def dead_redis_client(database_url: str) -> Iterator[ApiClient]:
     settings = settings_for(database_url, f"redis://127.0.0.1:{closed_port()}/0")
     with TestClient(create_app(settings)) as client:
         yield client
@@ -59,7 +60,7 @@ def test_ready_is_503_while_the_schema_is_behind(tmp_path: Path, redis_url: str)
 
 
 def test_dead_redis_refuses_the_turn_with_503_and_commits_nothing(
-    dead_redis_client: TestClient,  # type: ignore[type-arg]
+    dead_redis_client: ApiClient,
 ) -> None:
     client = dead_redis_client
     ready = client.get("/ready")

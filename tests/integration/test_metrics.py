@@ -41,6 +41,7 @@ from fleet_shared.metrics import (
 from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, RUN_TURN, deserialize_job, serialize_job
 from tests.conftest import migrate
 from tests.integration.harness import Harness
+from tests.support.api import ApiClient
 
 REPO = Path(__file__).resolve().parents[2]
 REQUESTS = "fleet_gateway_http_requests"
@@ -70,12 +71,12 @@ async def settings(tmp_path: Path, redis_url: str) -> Settings:
 
 
 @pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def client(settings: Settings) -> Iterator[ApiClient]:
     with TestClient(create_app(settings)) as client:
         yield client
 
 
-def samples(client: TestClient, name: str) -> dict[tuple[tuple[str, str], ...], float]:  # type: ignore[type-arg]
+def samples(client: ApiClient, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     response = client.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
@@ -91,7 +92,7 @@ def count(found: dict[tuple[tuple[str, str], ...], float], **labels: str) -> flo
     return found.get(tuple(sorted(labels.items())), 0.0)
 
 
-def test_requests_are_labelled_by_route_template(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_requests_are_labelled_by_route_template(client: ApiClient) -> None:
     first = client.post("/api/sessions", json={}).json()["id"]
     second = client.post("/api/sessions", json={}).json()["id"]
     before = samples(client, f"{REQUESTS}_total")
@@ -149,12 +150,12 @@ def queue_of(settings: Settings) -> ArqRedis:
     )
 
 
-def queue_counts(client: TestClient, queue: str) -> QueueCounts:  # type: ignore[type-arg]
+def queue_counts(client: ApiClient, queue: str) -> QueueCounts:
     waiting = count(samples(client, "fleet_queue_depth"), queue=queue)
     return QueueCounts(int(waiting), int(count(samples(client, "fleet_queue_in_progress"), queue=queue)))
 
 
-def counts_become(client: TestClient, queue: str, expected: QueueCounts) -> None:  # type: ignore[type-arg]
+def counts_become(client: ApiClient, queue: str, expected: QueueCounts) -> None:
     """Scrape until the counts are `expected`: a scrape may see a read up to the cache's age."""
     deadline = time.monotonic() + QUEUE_COUNTS_MAX_AGE_SECONDS + 5
     while (seen := queue_counts(client, queue)) != expected:
@@ -163,7 +164,7 @@ def counts_become(client: TestClient, queue: str, expected: QueueCounts) -> None
 
 
 async def test_the_queue_depth_is_the_number_of_waiting_jobs(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
     queue = settings.profile.worker.queue_name
@@ -242,7 +243,7 @@ async def test_a_hung_redis_leaves_the_depth_out_quickly(hung_redis_url: str) ->
 
 
 async def test_a_cancelled_queued_run_is_counted_by_stage(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
     engine = create_engine(settings.database_url)

@@ -14,6 +14,7 @@ from litestar.testing import TestClient
 
 from fleet_gateway.app import create_app
 from fleet_shared.config import Settings, load_settings
+from tests.support.api import ApiClient
 from tests.support.peer import peer_client
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,24 +39,24 @@ def settings_for(sqlite_url: str, redis_url: str, **gateway: Any) -> Settings:
 
 
 @pytest.fixture
-def client(sqlite_url: str, redis_url: str) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def client(sqlite_url: str, redis_url: str) -> Iterator[ApiClient]:
     settings = settings_for(sqlite_url, redis_url, cors={"allowed_origins": ("https://app.example.com",)})
     with peer_client(settings, "127.0.0.1") as client:
         yield client
 
 
-def sessions_named(client: TestClient, title: str) -> int:  # type: ignore[type-arg]
+def sessions_named(client: ApiClient, title: str) -> int:
     return int(client.get("/api/sessions", params={"search": title}).json()["total"])
 
 
 @pytest.mark.parametrize("path", ["/api/settings", "/api/sessions", "/health", "/ready", "/metrics"])
-def test_a_rebound_host_name_reaches_nothing(client: TestClient, path: str) -> None:  # type: ignore[type-arg]
+def test_a_rebound_host_name_reaches_nothing(client: ApiClient, path: str) -> None:
     response = client.get(path, headers={"host": REBOUND})
     assert response.status_code == 421
     assert response.json()["code"] == "host_not_allowed" and response.headers["x-request-id"]
 
 
-def test_nor_can_it_change_the_settings(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_nor_can_it_change_the_settings(client: ApiClient) -> None:
     change = {"revision": "0" * 64, "set": {"profiles.offline.rlm.max_iters": 3}}
     response = client.patch("/api/settings", json=change, headers={"host": REBOUND})
     assert response.status_code == 421
@@ -73,14 +74,14 @@ def test_nor_can_it_change_the_settings(client: TestClient) -> None:  # type: ig
         "api.internal.example",  # ".internal.example": every name under it
     ],
 )
-def test_the_names_it_answers_to(client: TestClient, host: str) -> None:  # type: ignore[type-arg]
+def test_the_names_it_answers_to(client: ApiClient, host: str) -> None:
     assert client.get("/api/sessions", headers={"host": host}).status_code == 200
 
 
 @pytest.mark.parametrize(
     "host", ["internal.example.attacker.example", "localhost.attacker.example", "127.0.0.1.nip.example", ""]
 )
-def test_names_it_does_not(client: TestClient, host: str) -> None:  # type: ignore[type-arg]
+def test_names_it_does_not(client: ApiClient, host: str) -> None:
     assert client.get("/api/sessions", headers={"host": host}).status_code == 421
 
 
@@ -93,7 +94,7 @@ def test_names_it_does_not(client: TestClient, host: str) -> None:  # type: igno
         {"sec-fetch-site": "same-site"},
     ],
 )
-def test_a_change_from_another_web_origin_is_refused(client: TestClient, headers: dict[str, str]) -> None:  # type: ignore[type-arg]
+def test_a_change_from_another_web_origin_is_refused(client: ApiClient, headers: dict[str, str]) -> None:
     response = client.post("/api/sessions", json={"title": "csrf"}, headers=headers)
     assert response.status_code == 403 and response.json()["code"] == "origin_not_allowed"
     assert sessions_named(client, "csrf") == 0
@@ -101,7 +102,7 @@ def test_a_change_from_another_web_origin_is_refused(client: TestClient, headers
     assert read.status_code == 200 and "access-control-allow-origin" not in read.headers
 
 
-def test_the_same_origin_and_an_allowed_one_may_change_things(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_the_same_origin_and_an_allowed_one_may_change_things(client: ApiClient) -> None:
     same = client.post("/api/sessions", json={"title": "ok"}, headers={"origin": "http://testserver.local"})
     assert same.status_code == 201
     allowed = client.post(
@@ -123,7 +124,7 @@ def test_the_same_origin_and_an_allowed_one_may_change_things(client: TestClient
     assert "idempotency-key" in preflight.headers["access-control-allow-headers"].lower()
 
 
-def test_an_upload_needs_a_header_no_plain_form_can_send(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_an_upload_needs_a_header_no_plain_form_can_send(client: ApiClient) -> None:
     bare = client.post("/api/attachments", files=UPLOAD)
     assert bare.status_code == 403 and bare.json()["code"] == "upload_header_required"
     marked = client.post("/api/attachments", files=UPLOAD, headers={"x-requested-with": "curl"})
@@ -148,7 +149,7 @@ def test_with_a_token_the_token_is_enough(sqlite_url: str, redis_url: str) -> No
         {"sec-fetch-site": "cross-site"},
     ],
 )
-def test_the_settings_serve_no_web_page(client: TestClient, headers: dict[str, str]) -> None:  # type: ignore[type-arg]
+def test_the_settings_serve_no_web_page(client: ApiClient, headers: dict[str, str]) -> None:
     response = client.get("/api/settings", headers=headers)
     assert response.status_code == 403 and response.json()["code"] == "origin_not_allowed"
     assert client.get("/api/settings", headers={"origin": "http://testserver.local"}).status_code == 200
@@ -189,8 +190,8 @@ def test_the_app_without_a_peer_wrapper_is_the_same_app(sqlite_url: str, redis_u
     ],
 )
 def test_a_header_the_policy_reads_may_come_only_once(
-    client: TestClient, headers: list[tuple[str, str]]
-) -> None:  # type: ignore[type-arg]
+    client: ApiClient, headers: list[tuple[str, str]]
+) -> None:
     """Two values would let the check read one and a proxy or handler another."""
     response = client.post("/api/sessions", json={"title": "twice"}, headers=headers)
     assert response.status_code == 400 and response.json()["code"] == "duplicate_header"

@@ -10,7 +10,6 @@ import uuid
 from typing import Any
 
 import pytest
-from litestar.testing import TestClient
 from sqlalchemy import event, select
 from sqlalchemy.util import await_only
 
@@ -27,6 +26,7 @@ from fleet_shared.run_state import RunCommand, RunStatus
 
 # The gateway's fixtures (its own data dir, a store folder) are test_files_api's.
 from tests.integration.test_files_api import add_run, client, new_session, record_version, settings
+from tests.support.api import ApiClient
 
 __all__ = ["client", "settings"]  # fixtures: pytest finds them by these names
 
@@ -64,7 +64,7 @@ def end_run(settings: Settings, run_id: str, answer: str, task: dict[str, Any]) 
 
 
 def test_a_fork_starts_from_the_committed_state_and_leaves_a_run_in_progress_out(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
     parent = client.post("/api/sessions", json={"title": "the parent"}).json()
@@ -112,7 +112,7 @@ def test_a_fork_starts_from_the_committed_state_and_leaves_a_run_in_progress_out
 
 
 def test_a_fork_counts_the_bytes_it_refers_to(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
     """Review of #28: the copies counted 0 bytes, so a fork held the parent's files uncounted
@@ -136,7 +136,7 @@ def test_a_fork_counts_the_bytes_it_refers_to(
 
 
 def test_fork_bodies_titles_and_unknown_parents(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
 ) -> None:
     parent = new_session(client)
     url = f"/api/sessions/{parent['id']}/fork"
@@ -162,7 +162,7 @@ def test_fork_bodies_titles_and_unknown_parents(
 
 
 def test_a_settlement_committed_during_a_fork_is_wholly_in_it_or_wholly_out(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
 ) -> None:
     """A Run's commit lands between the fork's read of the parent's versions and its read of

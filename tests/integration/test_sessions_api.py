@@ -20,6 +20,7 @@ from fleet_gateway.schemas import TurnRequest
 from fleet_shared.db import queries
 from fleet_shared.db.models import Run
 from tests.integration.harness import Harness
+from tests.support.api import ApiClient, new_session
 
 ROOT_SUBMIT = {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='ok')"}
 
@@ -31,18 +32,12 @@ def harness(harness_factory: Any) -> Harness:
 
 
 @pytest.fixture
-def client(harness: Harness) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def client(harness: Harness) -> Iterator[ApiClient]:
     with TestClient(create_app(harness.settings)) as client:
         yield client
 
 
-def new_session(client: TestClient, title: str = "") -> str:  # type: ignore[type-arg]
-    response = client.post("/api/sessions", json={"title": title})
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
-
-
-def post_turn(client: TestClient, session_id: str, key: str, text: str = "hi") -> httpx.Response:  # type: ignore[type-arg]
+def post_turn(client: ApiClient, session_id: str, key: str, text: str = "hi") -> httpx.Response:
     return client.post(
         f"/api/sessions/{session_id}/turns", json={"text": text}, headers={"Idempotency-Key": key}
     )
@@ -56,7 +51,7 @@ async def runs_in(harness: Harness, session_id: str) -> int:
 
 async def post_while_working(
     harness: Harness,
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     session_id: str,
     key: str,
 ) -> httpx.Response:
@@ -69,7 +64,7 @@ async def post_while_working(
     return await posting
 
 
-def test_list_filters_by_status_and_search_and_pages(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_list_filters_by_status_and_search_and_pages(client: ApiClient) -> None:
     marker = f"list-{uuid.uuid4().hex[:8]}"
     ids = [new_session(client, f"{marker} {i}") for i in range(3)]
     new_session(client, f"{marker}%_ literal")
@@ -93,7 +88,7 @@ def test_list_filters_by_status_and_search_and_pages(client: TestClient) -> None
     assert listed(search=f"{marker}%_")["total"] == 1  # % and _ match literally
 
 
-def test_patch_renames_and_archives(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_patch_renames_and_archives(client: ApiClient) -> None:
     session_id = new_session(client, "before")
     created = client.get(f"/api/sessions/{session_id}").json()
     renamed = client.patch(f"/api/sessions/{session_id}", json={"title": "  after  "})
@@ -121,7 +116,7 @@ def test_patch_renames_and_archives(client: TestClient) -> None:  # type: ignore
         [],
     ],
 )
-def test_patch_refuses_bad_bodies(client: TestClient, body: object) -> None:  # type: ignore[type-arg]
+def test_patch_refuses_bad_bodies(client: ApiClient, body: object) -> None:
     session_id = new_session(client, "kept")
     response = client.patch(f"/api/sessions/{session_id}", json=body)
     assert response.status_code == 422, response.text
@@ -130,13 +125,13 @@ def test_patch_refuses_bad_bodies(client: TestClient, body: object) -> None:  # 
 
 
 @pytest.mark.parametrize("session_id", ["00000000-0000-0000-0000-000000000000", "not-a-uuid"])
-def test_patch_of_an_unknown_session_is_404(client: TestClient, session_id: str) -> None:  # type: ignore[type-arg]
+def test_patch_of_an_unknown_session_is_404(client: ApiClient, session_id: str) -> None:
     response = client.patch(f"/api/sessions/{session_id}", json={"title": "x"})
     assert response.status_code == 404 and response.json()["code"] == "not_found"
 
 
 async def test_an_archived_session_refuses_turns_but_replays_a_known_key(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     harness: Harness,
 ) -> None:
     session_id = new_session(client)

@@ -15,6 +15,7 @@ from litestar.testing import TestClient
 
 from fleet_gateway.app import create_app
 from fleet_shared.config import Settings, load_settings
+from tests.support.api import ApiClient
 from tests.support.peer import peer_client
 from tests.support.policy import LOCAL_LM_ENV
 
@@ -52,7 +53,7 @@ def settings_for(config: Path, sqlite_url: str, redis_url: str, **extra: str) ->
 
 
 @pytest.fixture
-def client(config: Path, sqlite_url: str, redis_url: str) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def client(config: Path, sqlite_url: str, redis_url: str) -> Iterator[ApiClient]:
     with peer_client(settings_for(config, sqlite_url, redis_url), "127.0.0.1") as client:
         yield client
 
@@ -104,7 +105,7 @@ def test_other_clients_are_forbidden(config: Path, sqlite_url: str, redis_url: s
 
 
 def test_a_change_is_written_with_its_comments_and_shown_by_the_next_read(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     config: Path,
 ) -> None:
     before_text = config.read_text()
@@ -142,7 +143,7 @@ def test_a_change_is_written_with_its_comments_and_shown_by_the_next_read(
 
 
 def test_a_stale_revision_is_a_conflict_and_writes_nothing(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     config: Path,
 ) -> None:
     stale = client.get("/api/settings").json()["revision"]
@@ -180,7 +181,7 @@ def test_a_stale_revision_is_a_conflict_and_writes_nothing(
     ],
 )
 def test_an_invalid_change_is_refused_and_the_file_is_unchanged(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     config: Path,
     changes: dict[str, Any],
     named: str,
@@ -207,7 +208,7 @@ def test_an_invalid_change_is_refused_and_the_file_is_unchanged(
     ],
 )
 def test_malformed_bodies_are_422(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     config: Path,
     body: dict[str, Any],
 ) -> None:
@@ -219,7 +220,7 @@ def test_malformed_bodies_are_422(
 
 
 def test_concurrent_patches_lose_no_update(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     config: Path,
 ) -> None:
     """Eight editors from one revision: one wins, seven are told to re-read. Editors that re-read

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from fleet_gateway.app import create_app
 from fleet_shared.db.models import Run
 from tests.integration.harness import Harness
+from tests.support.api import ApiClient, new_session
 
 ROOT_PRINT = {"lm": "root", "reasoning": "look", "code": "print(sorted(__import__('os').listdir('.')))"}
 ROOT_SUBMIT = {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='ok')"}
@@ -31,19 +32,13 @@ def harness(harness_factory: Any) -> Harness:
 
 
 @pytest.fixture
-def client(harness: Harness) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def client(harness: Harness) -> Iterator[ApiClient]:
     with TestClient(create_app(harness.settings)) as client:
         yield client
 
 
-def new_session(client: TestClient) -> str:  # type: ignore[type-arg]
-    response = client.post("/api/sessions", json={})
-    assert response.status_code == 201
-    return str(response.json()["id"])
-
-
 def submit(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     session_id: str,
     selections: list[dict[str, str]],
     key: str = "k",
@@ -84,7 +79,7 @@ def assert_refused(response: httpx.Response, *fragments: str) -> None:
     ],
 )
 async def test_a_refused_selection_creates_nothing(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     harness: Harness,
     selections: list[dict[str, str]],
     fragments: tuple[str, ...],
@@ -95,14 +90,14 @@ async def test_a_refused_selection_creates_nothing(
     assert await runs_of(harness, session_id) == 0
 
 
-def test_more_than_four_skills_is_a_schema_error(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_more_than_four_skills_is_a_schema_error(client: ApiClient) -> None:
     session_id = new_session(client)
     response = submit(client, session_id, [{"id": f"s{i}"} for i in range(5)])
     assert response.status_code == 422 and response.json()["code"] == "validation_error"
 
 
 async def test_after_a_refusal_the_same_key_runs_the_turn_with_its_skills(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     harness: Harness,
 ) -> None:
     session_id = new_session(client)

@@ -13,6 +13,7 @@ from litestar.testing import TestClient
 from fleet_gateway.app import create_app
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.skills import load_skill_cards, seed_skills
+from tests.support.api import ApiClient
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = {card.id: card for card in load_skill_cards(REPO / "config" / "skills")}
@@ -30,12 +31,12 @@ def settings(database_url: str, redis_url: str) -> Settings:
 
 
 @pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:  # type: ignore[type-arg]
+def client(settings: Settings) -> Iterator[ApiClient]:
     with TestClient(create_app(settings)) as client:
         yield client
 
 
-def test_the_list_holds_the_built_in_cards_without_bodies(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_the_list_holds_the_built_in_cards_without_bodies(client: ApiClient) -> None:
     response = client.get("/api/skills")
     assert response.status_code == 200
     items = response.json()["items"]
@@ -58,13 +59,13 @@ def test_the_list_holds_the_built_in_cards_without_bodies(client: TestClient) ->
         ("llm_query_batched", "long-document-qa"),  # the description
     ],
 )
-def test_q_searches_ids_names_and_descriptions(client: TestClient, q: str, expected: str) -> None:  # type: ignore[type-arg]
+def test_q_searches_ids_names_and_descriptions(client: ApiClient, q: str, expected: str) -> None:
     items = client.get("/api/skills", params={"q": q}).json()["items"]
     assert expected in [i["id"] for i in items]
     assert "research-notes" not in [i["id"] for i in items]
 
 
-def test_q_is_bounded_and_an_unmatched_q_lists_nothing(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_q_is_bounded_and_an_unmatched_q_lists_nothing(client: ApiClient) -> None:
     assert client.get("/api/skills", params={"q": f"no-{uuid.uuid4().hex}"}).json() == {"items": []}
     too_long = client.get("/api/skills", params={"q": "x" * 201})
     assert too_long.status_code == 422 and too_long.json()["code"] == "validation_error"
@@ -73,7 +74,7 @@ def test_q_is_bounded_and_an_unmatched_q_lists_nothing(client: TestClient) -> No
 
 
 def test_the_list_stops_at_100(
-    client: TestClient,  # type: ignore[type-arg]
+    client: ApiClient,
     settings: Settings,
     tmp_path: Path,
 ) -> None:
@@ -86,7 +87,7 @@ def test_the_list_stops_at_100(
     assert len(items) == 100 and items[-1]["id"] == f"zz-bulk{tag}-099"
 
 
-def test_one_card_has_its_body(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_one_card_has_its_body(client: ApiClient) -> None:
     card = SHIPPED["research-notes"]
     response = client.get("/api/skills/research-notes")
     assert response.status_code == 200
@@ -100,7 +101,7 @@ def test_one_card_has_its_body(client: TestClient) -> None:  # type: ignore[type
 
 
 @pytest.mark.parametrize("skill_id", ["no-such-skill", "CSV-ANALYSIS", "x" * 65, "a%20b", "-csv"])
-def test_an_unknown_or_malformed_id_is_404(client: TestClient, skill_id: str) -> None:  # type: ignore[type-arg]
+def test_an_unknown_or_malformed_id_is_404(client: ApiClient, skill_id: str) -> None:
     response = client.get(f"/api/skills/{skill_id}")
     assert response.status_code == 404
     assert response.json() == {"code": "not_found", "message": "skill not found"}

@@ -9,6 +9,7 @@ from litestar.types import Receive, Scope, Send
 
 from fleet_gateway.app import create_app
 from fleet_shared.config import Settings
+from tests.support.api import ApiClient
 
 
 class FromPeer:
@@ -21,5 +22,6 @@ class FromPeer:
         await self.app(scope, receive, send)
 
 
-def peer_client(settings: Settings, host: str) -> TestClient:  # type: ignore[type-arg]
-    return TestClient(FromPeer(create_app(settings), host))
+def peer_client(settings: Settings, host: str) -> ApiClient:
+    """A test client whose requests come from `host` (the app inside is the same Litestar app)."""
+    return TestClient(FromPeer(create_app(settings), host))  # type: ignore[arg-type]
