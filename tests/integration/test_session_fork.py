@@ -25,8 +25,8 @@ from fleet_shared.manifests import FileEntry, Manifest
 from fleet_shared.run_state import RunCommand, RunStatus
 
 # The gateway's fixtures (its own data dir, a store folder) are test_files_api's.
-from tests.integration.test_files_api import add_run, client, new_session, record_version, settings
-from tests.support.api import ApiClient
+from tests.integration.test_files_api import add_run, client, record_version, settings
+from tests.support.api import ApiClient, session_row
 
 __all__ = ["client", "settings"]  # fixtures: pytest finds them by these names
 
@@ -138,9 +138,9 @@ def test_a_fork_counts_the_bytes_it_refers_to(
 def test_fork_bodies_titles_and_unknown_parents(
     client: ApiClient,
 ) -> None:
-    parent = new_session(client)
+    parent = session_row(client)
     url = f"/api/sessions/{parent['id']}/fork"
-    empty = client.post(f"/api/sessions/{new_session(client)['id']}/fork", json={})
+    empty = client.post(f"/api/sessions/{session_row(client)['id']}/fork", json={})
     assert empty.status_code == 201 and empty.json()["title"] == ""
     titled = client.post(url, json={"title": "  try another way  "})
     assert titled.status_code == 201 and titled.json()["title"] == "try another way"
@@ -155,7 +155,7 @@ def test_fork_bodies_titles_and_unknown_parents(
         assert missing.status_code == 404 and missing.json()["code"] == "not_found"
     foreign = client.post(url, headers={"Origin": "https://evil.example"})
     assert foreign.status_code == 403
-    archived = new_session(client)
+    archived = session_row(client)
     client.patch(f"/api/sessions/{archived['id']}", json={"status": "archived"})
     again = client.post(f"/api/sessions/{archived['id']}/fork")
     assert again.status_code == 201 and again.json()["status"] == "active"
@@ -170,7 +170,7 @@ def test_a_settlement_committed_during_a_fork_is_wholly_in_it_or_wholly_out(
     state of the parent: without that Run's Turns, as without its version."""
     if not settings.database_url.startswith("postgresql"):
         pytest.skip("on SQLite the fork holds the one write lock: nothing can commit during it")
-    parent = new_session(client)
+    parent = session_row(client)
     first = add_run(settings, parent["id"], "k1")
     record_version(settings, parent["workspace_id"], {"memory/note.txt": b"v1"}, run_id=first)
     end_run(settings, first, "first answer", {"goal": "g", "progress": []})
