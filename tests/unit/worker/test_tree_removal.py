@@ -24,6 +24,22 @@ SOURCES = [str(REPO / "worker" / "src"), str(REPO / "shared" / "src")]
 NOBODY = 65534
 
 
+@pytest.fixture(scope="module")
+def readable_sources() -> Iterator[list[str]]:
+    """The sources, where another uid can read them (a checkout may sit in a 0700 folder)."""
+    copy = Path(tempfile.mkdtemp(prefix="fleet-sources-"))
+    copy.chmod(0o755)
+    paths = []
+    for source in SOURCES:
+        target = copy / Path(source).parent.name
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        paths.append(str(target))
+    for folder, _dirs, _files in os.walk(copy):
+        os.chmod(folder, 0o755)
+    yield paths
+    shutil.rmtree(copy)
+
+
 @pytest.fixture
 def root() -> Iterator[Path]:
     """A folder another uid can pass through (pytest's own tmp folders are 0700 under /tmp)."""
@@ -92,7 +108,9 @@ def test_links_are_removed_never_followed(root: Path) -> None:
     assert (outside / "keep.txt").exists() and not (root / "link").is_symlink()
 
 
-def test_folders_their_owner_cannot_read_or_write_are_removed(root: Path) -> None:
+def test_folders_their_owner_cannot_read_or_write_are_removed(
+    root: Path, readable_sources: list[str]
+) -> None:
     """As the uid that made them (the sandbox's own, on a worker that is not root): folders of
     mode 000 and 500 at every level."""
     tree = root / "tree"
@@ -120,7 +138,7 @@ def test_folders_their_owner_cannot_read_or_write_are_removed(root: Path) -> Non
         "import sys\nfrom pathlib import Path\nsys.path[:0] = sys.argv[2:]\n"
         "from fleet_worker.sandbox.removal import remove_tree\nremove_tree(Path(sys.argv[1]))"
     )
-    subprocess.run([*as_owner, remove, str(tree), *SOURCES], check=True)
+    subprocess.run([*as_owner, remove, str(tree), *readable_sources], check=True)
     assert list(root.iterdir()) == []
 
 
