@@ -59,7 +59,7 @@ class Cgroup:
     def join_files(self) -> tuple[Path, ...]:
         """Where a single-threaded process writes `0` to move itself in. On v1 that is `tasks`:
         a thread moving itself skips the global lock a `cgroup.procs` write takes, which waits
-        out an RCU grace period (~6 ms per REPL start on an idle 6.x kernel). v2 has only
+        out an RCU grace period on every REPL start (ADR 0018). v2 has only
         `cgroup.procs` outside threaded mode."""
         name = "tasks" if self.version == 1 else "cgroup.procs"
         return tuple(d / name for d in self.dirs)

@@ -1,5 +1,5 @@
 """The REPL driver (repl_main.py) staged where every sandbox uid can read it, compiled ahead by
-the sandbox's own interpreter so that no REPL start spends ~3 ms compiling it.
+the sandbox's own interpreter so that no REPL start spends time compiling it (ADR 0018).
 
 - The compile runs in a jail like a cell's (bwrap: no network, nothing of the host but the
   system and the interpreter, read-only), as a sandbox uid on a root worker. Unisolated (no

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 # Every REPL start imports these, inside the Turn's latency and the worker's CPU: C modules where
 # the stdlib module would pull in more (`socket`, `signal` and `threading` load enum and
-# functools; `json` loads re; `contextlib` loads collections): ~15 ms of CPU a start.
+# functools; `json` loads re; `contextlib` loads collections). ADR 0019 has the measurement.
 import _json
 import _signal  # type: ignore[import-not-found]  # no stub: the C half of `signal`
 import _socket
@@ -689,7 +689,7 @@ def process_state(pid: int, tid: int | None = None) -> str:
 
 class Census:
     """Whether the stopped interpreter is alone with the supervisor: three reads of /proc files
-    kept open (a pread each, ~1-3 us), where a scan of /proc costs tens of microseconds a cell.
+    kept open (a pread each), where a scan of /proc costs far more a cell (ADR 0031).
 
     Every process of the sandbox but the supervisor descends from it: from the interpreter, or
     reparented to the supervisor (the subreaper) when its parent ended. So with the interpreter
@@ -824,9 +824,9 @@ LIBC_PRCTL: Any = None  # prctl's function pointer, once looked up
 
 
 def prctl(option: int, value: int) -> None:
-    """prctl(2) through `_ctypes`, the C half of ctypes: `import ctypes` costs ~2 ms more CPU at
-    every REPL start (Debian's python3; ~7 ms on a build without PGO), for a type layer this one
-    call does not need. The function is looked up once per process."""
+    """prctl(2) through `_ctypes`, the C half of ctypes: `import ctypes` costs more CPU at every
+    REPL start (ADR 0019) for a type layer this one call does not need. The function is looked
+    up once per process."""
     global LIBC_PRCTL  # noqa: PLW0603
     if LIBC_PRCTL is None:
         LIBC_PRCTL = libc_prctl()

@@ -107,7 +107,7 @@ class ReplSession:
         self._interrupted = False
         self._closed = False
         self._next_id = 0
-        # inspect.signature costs tens of µs per tool per cell; a Turn passes the same tools.
+        # inspect.signature once per tool, not per cell: a Turn passes the same tools (ADR 0023).
         self._tool_params: dict[str, tuple[Callable[..., Any], list[str]]] = {}
 
     @property
