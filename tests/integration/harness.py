@@ -1,4 +1,4 @@
-"""A real arq worker in burst mode on real Redis, a real DB and real bwrap sandboxes, driven Turn by
+"""A real job worker (arq) in burst mode on real Redis, a real DB and real bwrap sandboxes, driven Turn by
 Turn; the LM is the scripted LM (no provider is reachable here)."""
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
-from arq.connections import ArqRedis
-from redis.asyncio import ConnectionPool
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_shared import event_log, redis_keys
@@ -21,7 +19,7 @@ from fleet_shared.db import queries
 from fleet_shared.db.models import Attachment, Skill
 from fleet_shared.event_log import Appended, RunLog, lease_token
 from fleet_shared.events import RunEvent
-from fleet_shared.queue import deserialize_job, enqueue_run, serialize_job
+from fleet_shared.jobs import ArqJobQueue
 from fleet_shared.recovery import Sweeper
 from fleet_worker.app import build_worker
 
@@ -67,21 +65,16 @@ class Harness:
         assert isinstance(claimed, queries.Claimed)
         if not enqueue:
             return claimed.run.id
-        assert await enqueue_run(self.redis, self.settings.profile.worker.queue_name, claimed.run.id)
+        assert await self.jobs().enqueue(claimed.run.id)
         return claimed.run.id
 
-    def arq(self) -> ArqRedis:
-        return ArqRedis(
-            ConnectionPool.from_url(self.settings.redis_url),
-            job_serializer=serialize_job,
-            job_deserializer=deserialize_job,
-            default_queue_name=self.settings.profile.worker.queue_name,
-        )
+    def jobs(self) -> ArqJobQueue:
+        return ArqJobQueue(self.redis, self.settings.profile.worker.queue_name)
 
     async def work(self) -> None:
         worker = build_worker(self.settings, burst=True)
         try:
-            await worker.main()
+            await worker.run()
         finally:
             await worker.close()
 
@@ -96,7 +89,7 @@ class Harness:
             runlog=RunLog(self.redis),
             lease_seconds=self.settings.profile.worker.lease_seconds,
             owner="test-sweeper",
-            queue_name=self.settings.profile.worker.queue_name,
+            jobs=self.jobs(),
             restart_grace=0,
         )
 

@@ -18,7 +18,6 @@ from sqlalchemy import event
 
 from fleet_shared.db import queries
 from fleet_shared.db.engine import sqlite_twin
-from fleet_shared.queue import enqueue_run
 from fleet_worker.app import build_worker
 from tests.conftest import migrate
 from tests.integration.harness import Harness
@@ -51,7 +50,7 @@ async def test_a_turn_whose_claim_was_under_way_when_the_worker_stopped_still_en
 ) -> None:
     harness: Harness = harness_factory(SUBMIT)
     worker = build_worker(harness.settings)
-    main = asyncio.create_task(worker.main())
+    main = asyncio.create_task(worker.run())
     blocker = sqlite3.connect(database_path, isolation_level=None, check_same_thread=False)
     try:
         await until(lambda: asyncio.sleep(0, "deps" in worker.ctx), "the worker to start")
@@ -66,9 +65,10 @@ async def test_a_turn_whose_claim_was_under_way_when_the_worker_stopped_still_en
         event.listen(twin.engine, "before_cursor_execute", watch)
         run_id = await harness.submit(enqueue=False)
         blocker.execute("BEGIN IMMEDIATE")  # the claim's UPDATE waits on SQLite's busy timeout
-        assert await enqueue_run(harness.redis, harness.settings.profile.worker.queue_name, run_id)
-        await until(lambda: asyncio.sleep(0, claiming.is_set() and run_id in worker.tasks), "the claim")
-        worker.tasks[run_id].cancel()  # what arq does to a running job when its drain time is up
+        assert await harness.jobs().enqueue(run_id)
+        arq_tasks = worker.worker.tasks  # arq's running jobs, by job id
+        await until(lambda: asyncio.sleep(0, claiming.is_set() and run_id in arq_tasks), "the claim")
+        arq_tasks[run_id].cancel()  # what arq does to a running job when its drain time is up
         for _ in range(20):  # loop turns, not time: the cancel reaches the job through arq's wait_for
             await asyncio.sleep(0)
         blocker.execute("ROLLBACK")  # the claim now lands

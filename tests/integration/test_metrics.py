@@ -20,6 +20,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix
 from litestar.testing import TestClient
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,15 +31,14 @@ from fleet_gateway.streaming import RunView, StreamDeps, stream_run
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import queries
 from fleet_shared.db.engine import create_engine, session_factory
+from fleet_shared.jobs import RUN_TURN, QueueCounts, deserialize_job, serialize_job
 from fleet_shared.metrics import (
     QUEUE_COUNTS_MAX_AGE_SECONDS,
     QUEUE_DEPTH_TIMEOUT_SECONDS,
-    QueueCounts,
     queue_depth_client,
     read_queue_counts,
     read_queue_counts_sync,
 )
-from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, RUN_TURN, deserialize_job, serialize_job
 from tests.conftest import migrate
 from tests.integration.harness import Harness
 from tests.support.api import ApiClient
@@ -176,10 +176,10 @@ async def test_the_queue_depth_is_the_number_of_waiting_jobs(
         counts_become(client, queue, QueueCounts(waiting=3, in_progress=0))
         # A job a worker has started (arq's in-progress key) is in progress, and one the gateway
         # cancelled while it was queued (arq's abort set) neither waits nor runs.
-        await arq.set(ARQ_IN_PROGRESS_PREFIX + f"{queue}-0", b"1", ex=60)
+        await arq.set(in_progress_key_prefix + f"{queue}-0", b"1", ex=60)
         await arq.zadd("arq:abort", {f"{queue}-1": time.time() * 1000})
         counts_become(client, queue, QueueCounts(waiting=1, in_progress=1))
-        await arq.delete(queue, ARQ_IN_PROGRESS_PREFIX + f"{queue}-0")
+        await arq.delete(queue, in_progress_key_prefix + f"{queue}-0")
         await arq.zrem("arq:abort", f"{queue}-1")
         counts_become(client, queue, QueueCounts(waiting=0, in_progress=0))
     finally:

@@ -220,10 +220,8 @@ async def test_reaper_requeues_a_lost_job_and_gives_up_on_an_ancient_one(harness
         )
         await db.execute(update(Run).where(Run.id == ancient).values(created_at=now - timedelta(hours=1)))
         await db.commit()
-    arq = harness.arq()
     assert await harness.sweeper().requeue_lost_jobs() >= 3
-    assert await arq.exists(f"arq:job:{lost}") and await arq.exists(f"arq:job:{waiting}")
-    await arq.aclose()
+    assert await harness.jobs().pending(lost) and await harness.jobs().pending(waiting)
     await harness.work()  # the re-enqueued job really runs
     async with harness.sessions() as db:
         runs = {r: await queries.get_run(db, r) for r in (lost, ancient, waiting, failed_early)}
@@ -274,7 +272,7 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
     from fleet_shared.redis_conn import listener
     from fleet_shared.run_state import RunCommand, RunStatus
     from fleet_shared.transcript import fold_parts
-    from fleet_worker.control import ControlListener
+    from fleet_worker.cancels import CancelListener
     from fleet_worker.turn import Claim, hold
 
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
@@ -287,7 +285,7 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
         settings=harness.settings,
         sessions=harness.sessions,
         runlog=RunLog(harness.redis),
-        cancels=ControlListener(harness.redis, listen),
+        cancels=CancelListener(harness.redis, listen),
         worker_id="w1",
     )
     claim = Claim(run_id, run.session_id, "ws", run.attempt, run.user_sequence, time.monotonic())

@@ -9,24 +9,15 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import structlog
-from redis.exceptions import RedisError
 
+from fleet_cli.granian_compat import GRANIAN_LOGS_THROUGH_STRUCTLOG
 from fleet_cli.sides import refuse_without
-from fleet_shared.backoff import Backoff
 from fleet_shared.config import Settings, config_summary, load_settings
 from fleet_shared.config_file import BIND_HOST_PATTERN
 from fleet_shared.errors import ConfigError
 from fleet_shared.logging import configure_logging
-
-# Granian's own loggers hand their records to the root logger, which renders JSON like ours.
-GRANIAN_LOGS_THROUGH_STRUCTLOG = {
-    "loggers": {
-        name: {"handlers": [], "level": "INFO", "propagate": True} for name in ("_granian", "granian.access")
-    }
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve /api off loopback without an API token (a trusted proxy authenticates)",
     )
 
-    worker = commands.add_parser("worker", help="run one arq worker process")
+    worker = commands.add_parser("worker", help="run one worker process (it takes Turns from the job queue)")
     worker.add_argument("--concurrency", type=int, help="Turns at once (default: worker.concurrency)")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     worker.add_argument(
@@ -283,51 +274,19 @@ def run_worker(
     from fleet_worker.sandbox.errors import SandboxUnavailable
 
     loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)  # arq's Worker binds the current loop and its signal handlers
+    asyncio.set_event_loop(loop)  # the job worker binds the current loop and its signal handlers
     try:
         worker = build_worker(settings, burst=burst)
     except SandboxUnavailable as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 2
-    stop_signals: list[object] = []
-    worker.on_stop = stop_signals.append
-    # Live (the heartbeat) before arq first reaches Redis: a worker waiting for Redis is not stuck.
+    # Live (the heartbeat) before the queue first reaches Redis: a worker waiting for Redis is not stuck.
     with serving_metrics(settings, loop):
         try:
-            loop.run_until_complete(serve_through_outages(worker, stop_signals))
+            loop.run_until_complete(worker.serve_through_outages())
         finally:
-            loop.run_until_complete(close_worker(worker))
+            loop.run_until_complete(worker.close())
     return 0
-
-
-async def serve_through_outages(worker: Any, stop_signals: list[object]) -> None:
-    """arq's poll loop, started again on the same worker whenever Redis fails it. Running Turns
-    keep going meanwhile (they ride out Redis faults on their own), and new jobs are picked up as
-    soon as Redis is back: nothing waits for the longest Turn."""
-    log = structlog.get_logger("fleet")
-    backoff = Backoff(1.0, 30.0)
-    while not stop_signals:
-        try:
-            await worker.async_run()
-            return
-        except asyncio.CancelledError:
-            return  # SIGTERM: arq cancelled its poll loop after the drain
-        except (RedisError, OSError) as exc:
-            if stop_signals:
-                return
-            delay = backoff.next()
-            log.warning("worker.redis_unavailable", error_type=type(exc).__name__, retry_in=delay)
-            await asyncio.sleep(delay)
-
-
-async def close_worker(worker: Any) -> None:
-    """arq's close (it waits for running jobs); if Redis is down for its last write, close our own
-    resources anyway."""
-    try:
-        await worker.close()
-    except (RedisError, OSError):
-        if worker.on_shutdown is not None:
-            await worker.on_shutdown(worker.ctx)
 
 
 def with_concurrency(settings: Settings, concurrency: int) -> Settings:

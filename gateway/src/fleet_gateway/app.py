@@ -12,7 +12,6 @@ from functools import partial
 from typing import Any
 
 import structlog
-from arq.connections import ArqRedis
 from litestar import Litestar, Request, Router
 from litestar.config.cors import CORSConfig
 from litestar.connection import ASGIConnection
@@ -52,7 +51,7 @@ from fleet_shared.config import Settings
 from fleet_shared.db.engine import create_engine, dispose_engine, session_factory
 from fleet_shared.db.faults import is_unreachable
 from fleet_shared.event_log import RunLog
-from fleet_shared.queue import deserialize_job, serialize_job
+from fleet_shared.jobs import ArqJobQueue
 from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import CONNECT_TIMEOUT_SECONDS, RETRY_ON_CONNECTION, listener, retry_policy
 from fleet_shared.shutdown import bounded, stop_loop
@@ -72,8 +71,8 @@ def create_app(settings: Settings) -> Litestar:
         async with AsyncExitStack() as stack:  # teardown in reverse order
             engine = create_engine(settings.database_url)
             stack.push_async_callback(bounded, "database.dispose", partial(dispose_engine, engine))
-            arq = queue_client(settings)
-            stack.push_async_callback(bounded, "redis.queue.close", arq.aclose)
+            redis = request_client(settings)
+            stack.push_async_callback(bounded, "redis.requests.close", redis.aclose)
             events, probe = listener(settings.redis_url), probe_client(settings.redis_url)
             stack.push_async_callback(bounded, "redis.events.close", events.aclose)
             stack.push_async_callback(bounded, "redis.probe.close", probe.aclose)
@@ -85,9 +84,10 @@ def create_app(settings: Settings) -> Litestar:
                 settings=settings,
                 engine=engine,
                 sessions=session_factory(engine),
-                arq=arq,
+                redis=redis,
+                jobs=ArqJobQueue(redis, settings.profile.worker.queue_name),
                 fanout=fanout,
-                runlog=RunLog(arq),
+                runlog=RunLog(redis),
                 process_id=process_id,
                 probe=probe,
                 blobs=open_blob_store(settings),
@@ -170,7 +170,7 @@ def cors_config(settings: Settings) -> CORSConfig | None:
     )
 
 
-def queue_client(settings: Settings) -> ArqRedis:
+def request_client(settings: Settings) -> Redis:
     """Commands for requests: quick to give up on a hung Redis (a 503 the client retries)."""
     pool = ConnectionPool.from_url(
         settings.redis_url,
@@ -179,12 +179,8 @@ def queue_client(settings: Settings) -> ArqRedis:
         retry=retry_policy(REDIS_RETRIES),
         retry_on_error=list(RETRY_ON_CONNECTION),
     )
-    return ArqRedis(
-        pool,
-        job_serializer=serialize_job,
-        job_deserializer=deserialize_job,
-        default_queue_name=settings.profile.worker.queue_name,
-    )
+    client: Redis = Redis(connection_pool=pool)
+    return client
 
 
 def probe_client(url: str) -> Redis:
@@ -196,11 +192,11 @@ def probe_client(url: str) -> Redis:
 def make_sweeper(state: GatewayState) -> Sweeper:
     return Sweeper(
         sessions=state.sessions,
-        redis=state.arq,
+        redis=state.redis,
         runlog=state.runlog,
         lease_seconds=state.settings.profile.worker.lease_seconds,
         owner=f"gateway:{state.process_id}",
-        queue_name=state.settings.profile.worker.queue_name,
+        jobs=state.jobs,
     )
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 import structlog
-from arq.constants import abort_jobs_ss
-from arq.utils import timestamp_ms
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -35,10 +33,10 @@ async def request_cancellation(gw: GatewayState, db: AsyncSession, run: Run) -> 
         if found is None or is_terminal(found.status):
             return "already_terminal"
     # Redis is the only way to reach the worker: if it is down, this raises and the caller gets 503.
-    first = await gw.arq.set(
+    first = await gw.redis.set(
         redis_keys.run_cancel(run_id), "1", nx=True, ex=redis_keys.CANCEL_FLAG_TTL_SECONDS
     )
-    await gw.arq.publish(control_channel(gw.arq), run_id)
+    await gw.redis.publish(control_channel(gw.redis), run_id)
     log.info("run.cancel_requested", run_id=run_id, first=bool(first))
     if first:
         count_cancel("running")
@@ -46,13 +44,13 @@ async def request_cancellation(gw: GatewayState, db: AsyncSession, run: Run) -> 
 
 
 async def cancel_queued(gw: GatewayState, db: AsyncSession, run_id: str) -> bool:
-    """Commit the cancellation (tombstone and all), then tell arq and the stream. False if a
+    """Commit the cancellation (tombstone and all), then abort the job and tell the stream. False if a
     worker started the Run first."""
     terminal = await runs.cancel_queued_run(db, run_id)
     if terminal is None:
         return False
     try:
-        await gw.arq.zadd(abort_jobs_ss, {run_id: timestamp_ms()})  # the job never starts
+        await gw.jobs.abort(run_id)  # the job never starts
         lease_ms = int(gw.settings.profile.worker.lease_seconds * 1000)
         await publish_ending(gw.runlog, terminal, f"gateway:{gw.process_id}", lease_ms)
     except (RedisError, OSError) as exc:

@@ -1,7 +1,7 @@
 """Granian's entry point: it imports `app` here in each gateway worker process."""
 
 from fleet_gateway.app import create_app
-from fleet_gateway.sse import with_direct_send
+from fleet_gateway.litestar_compat import with_direct_send
 from fleet_shared.config import load_settings
 from fleet_shared.logging import configure_logging
 

@@ -185,11 +185,11 @@ class WorkerSection(Section):
     lease_seconds: Annotated[float, msgspec.Meta(ge=2)] = 3
     drain_seconds: Annotated[float, msgspec.Meta(ge=0)] = 30
     queue_name: Annotated[str, msgspec.Meta(extra=FILE_ONLY)] = "fleet:queue"  # another's: its workers
-    # How often a worker asks Redis for a job, the fallback only: a queued Turn is announced and
-    # taken at once, and a slot that frees takes the next. arq's default; each poll is a Redis
-    # read, paid by every idle worker all the time, so a short delay costs Redis and CPU in
-    # proportion to the fleet (ADR 0014).
-    poll_delay_seconds: Annotated[float, msgspec.Meta(ge=0.005, le=5)] = 0.5
+    # How often a worker with a free slot asks Redis for a job: a queued Turn waits up to this
+    # long. Each poll is a Redis read (and a check of each job other workers run), paid by every
+    # worker with a free slot all the time, so a shorter delay costs Redis and CPU in proportion
+    # to the fleet (ADR 0034).
+    poll_delay_seconds: Annotated[float, msgspec.Meta(ge=0.005, le=5)] = 0.05
     # The worker's GET /metrics and GET /health (its liveness); port 0 serves neither.
     metrics_host: BindHost = "127.0.0.1"
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9100

@@ -32,10 +32,6 @@ def control_channel(redis: Redis) -> str:
     return redis_keys.control_channel(redis_db(redis))
 
 
-def jobs_channel(redis: Redis, queue: str) -> str:
-    return redis_keys.jobs_channel(redis_db(redis), queue)
-
-
 def redis_db(redis: Redis) -> int:
     return int(redis.connection_pool.connection_kwargs.get("db", 0))
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics both sides export: the arq queue's Turns waiting and in progress (read
+"""Prometheus metrics both sides export: the job queue's Turns waiting and in progress (read
 from Redis, at most every QUEUE_COUNTS_MAX_AGE_SECONDS per process), the sweeper's actions and
 cancellations. Side-only metrics live in fleet_gateway.metrics and fleet_worker.metrics;
 docs/metrics.md lists them all.
@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Literal, NamedTuple, cast
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -22,7 +22,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX
+from fleet_shared.jobs import QueueCounts, counts_of, queue_counts_call
 
 QUEUE_DEPTH = "fleet_queue_depth"
 QUEUE_IN_PROGRESS = "fleet_queue_in_progress"
@@ -32,28 +32,6 @@ QUEUE_DEPTH_TIMEOUT_SECONDS = 1.0
 # The counting script is O(jobs in the queue) and blocks Redis while it runs, and /metrics is
 # open: each process evaluates it at most once per this many seconds, however many scrape.
 QUEUE_COUNTS_MAX_AGE_SECONDS = 2.0
-ARQ_ABORT_SET = "arq:abort"  # arq.constants.abort_jobs_ss: jobs the gateway cancelled while queued
-
-# arq keeps a job in its queue ZSET (score = when it may run) until the job finishes, and marks
-# a started job with an in-progress key. In progress = in the ZSET with that key; waiting = in
-# the ZSET, not started, not aborted. One script, so both counts come from the same instant.
-QUEUE_COUNTS_SCRIPT = """
-local waiting, in_progress = 0, 0
-for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if redis.call('EXISTS', ARGV[1] .. id) == 1 then
-    in_progress = in_progress + 1
-  elseif not redis.call('ZSCORE', KEYS[2], id) then
-    waiting = waiting + 1
-  end
-end
-return {waiting, in_progress}
-"""
-
-
-class QueueCounts(NamedTuple):
-    waiting: int  # fleet_queue_depth
-    in_progress: int  # fleet_queue_in_progress
-
 
 ReaperAction = Literal["settled_lost", "settled_cancelled", "requeued", "failed_enqueue_lost"]
 CancelStage = Literal["queued", "running"]
@@ -82,10 +60,10 @@ def count_cancel(stage: CancelStage) -> None:
 def queue_families(queue: str, counts: QueueCounts | None) -> list[GaugeMetricFamily]:
     """The two gauges, with one sample each for `queue` when the counts are known, none when not."""
     depth = GaugeMetricFamily(
-        QUEUE_DEPTH, "Turns waiting in arq's queue (not started, not cancelled)", labels=["queue"]
+        QUEUE_DEPTH, "Turns waiting in the job queue (not started, not cancelled)", labels=["queue"]
     )
     in_progress = GaugeMetricFamily(
-        QUEUE_IN_PROGRESS, "Turns in arq's queue that a worker is running now", labels=["queue"]
+        QUEUE_IN_PROGRESS, "Turns in the job queue that a worker is running now", labels=["queue"]
     )
     if counts is not None:
         depth.add_metric([queue], counts.waiting)
@@ -93,19 +71,11 @@ def queue_families(queue: str, counts: QueueCounts | None) -> list[GaugeMetricFa
     return [depth, in_progress]
 
 
-def counts_of(reply: object) -> QueueCounts:
-    """The script's reply, a list of two integers."""
-    waiting, in_progress = cast(list[int], reply)
-    return QueueCounts(int(waiting), int(in_progress))
-
-
 async def read_queue_counts(redis: Redis, queue: str) -> QueueCounts | None:
     """The queue's counts, or None when Redis does not answer within the timeout."""
     try:
         async with asyncio.timeout(QUEUE_DEPTH_TIMEOUT_SECONDS):
-            reply = await redis.eval(  # type: ignore[misc]
-                QUEUE_COUNTS_SCRIPT, 2, queue, ARQ_ABORT_SET, ARQ_IN_PROGRESS_PREFIX
-            )
+            reply = await redis.eval(*queue_counts_call(queue))  # type: ignore[misc]
     except (RedisError, OSError, TimeoutError):
         return None
     return counts_of(reply)
@@ -115,7 +85,7 @@ def read_queue_counts_sync(redis: SyncRedis, queue: str) -> QueueCounts | None:
     """As read_queue_counts, for a thread (the worker's metrics server); `redis` carries the
     timeout as its socket timeouts."""
     try:
-        reply = redis.eval(QUEUE_COUNTS_SCRIPT, 2, queue, ARQ_ABORT_SET, ARQ_IN_PROGRESS_PREFIX)
+        reply = redis.eval(*queue_counts_call(queue))
     except (RedisError, OSError):
         return None
     return counts_of(reply)

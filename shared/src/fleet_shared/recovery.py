@@ -3,7 +3,7 @@ Run is recovered even when no worker is alive; one process sweeps per interval (
 
 - A running Run whose lease lapsed (its worker died or stalled) is taken over (attempt + 1,
   under the lease) and settled `worker_lost`; its old owner's late writes are then refused.
-- A queued Run whose arq job vanished (the gateway died before enqueueing, or Redis lost the
+- A queued Run whose job vanished (the gateway died before enqueueing, or Redis lost the
   queue) is enqueued again; one that stays lost for `QUEUED_GIVE_UP` is failed `enqueue_lost`.
 - When Redis lost its data (a restart) or stopped answering for a while (a stall, a partition
   from this process), every lease may be missing at once while its owner is fine: the sweep then
@@ -30,8 +30,8 @@ from fleet_shared.db import queries, runs
 from fleet_shared.db.models import Run
 from fleet_shared.event_log import Appended, RunLog, lease_token, read_all_after
 from fleet_shared.events import RunCancelled, RunEvent, RunFailed, ends_run
+from fleet_shared.jobs import JobQueue
 from fleet_shared.metrics import count_reaper_action
-from fleet_shared.queue import ARQ_IN_PROGRESS_PREFIX, ARQ_JOB_PREFIX, ARQ_RESULT_PREFIX, enqueue_run
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.shutdown import pause
 from fleet_shared.transcript import fold_parts, tombstone_parts
@@ -80,7 +80,7 @@ class Sweeper:
     runlog: RunLog
     lease_seconds: float
     owner: str  # who sweeps: a gateway or worker process id, part of the lease token
-    queue_name: str  # arq's queue, where a lost Run's job goes again (queue.enqueue_run)
+    jobs: JobQueue  # where a lost Run's job goes again
     restart_grace: float | None = None  # default: twice lease_seconds
     quiet_until: float = 0.0  # loop time before which no lost lease is believed (after a Redis fault)
     failures: int = 0  # sweeps failed in a row (logged on the first, then every LOG_EVERY)
@@ -208,15 +208,14 @@ class Sweeper:
         return moved
 
     async def requeue(self, run: Run, now: datetime) -> int:
-        if await self.redis.exists(ARQ_JOB_PREFIX + run.id, ARQ_IN_PROGRESS_PREFIX + run.id):
+        if await self.jobs.pending(run.id):
             return 0  # waiting its turn in the queue, or being picked up right now
         created = run.created_at if run.created_at.tzinfo else run.created_at.replace(tzinfo=UTC)
         if now - created > QUEUED_GIVE_UP:
             return await self.fail_queued(run.id)
-        # A result left by a job that failed before claiming the Run (say, the DB was down) would
-        # make arq refuse the same job id: clear it, the Run itself says the work is still to do.
-        await self.redis.delete(ARQ_RESULT_PREFIX + run.id)
-        if not await enqueue_run(self.redis, self.queue_name, run.id):
+        # A job that failed before claiming the Run (say, the DB was down) left a result that would
+        # refuse the same job id: requeue clears it, as the Run itself says the work is to do.
+        if not await self.jobs.requeue(run.id):
             return 0  # someone else enqueued it a moment ago
         log.warning("sweep.requeued_lost_job", run_id=run.id)
         count_reaper_action("requeued")

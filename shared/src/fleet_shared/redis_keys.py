@@ -3,7 +3,8 @@
 Every key of one Run carries the hash tag `{<run_id>}`, so that on a Redis Cluster they share a
 slot and the Lua scripts that touch several of them stay single-slot.
 
-arq owns its own keys (the queue, job records, `<queue>:health-check`); see `fleet_shared.queue`.
+The job queue (arq) owns its own keys (the queue, job records, `<queue>:health-check`); see
+`fleet_shared.jobs`.
 """
 
 PREFIX = "fleet"
@@ -20,12 +21,6 @@ def events_channel(db: int) -> str:
 def control_channel(db: int) -> str:
     """Pub/sub carrying cancel notices (a run id each) from gateways to workers."""
     return f"{PREFIX}:control:db{db}"
-
-
-def jobs_channel(db: int, queue: str) -> str:
-    """Pub/sub carrying "a job is queued" notices for one arq queue: whoever enqueues a Turn
-    announces it, and idle workers poll the queue at once instead of at their next poll."""
-    return f"{PREFIX}:jobs:db{db}:{queue}"
 
 
 def run_events(run_id: str) -> str:

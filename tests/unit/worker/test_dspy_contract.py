@@ -43,9 +43,9 @@ from fleet_worker.dspy_adapter import (
     provider_kwargs,
     run_program,
 )
+from fleet_worker.dspy_compat import INITIAL_ATTRIBUTES, FleetRLM
 from fleet_worker.errors import ScriptExhausted, TurnStopped
 from fleet_worker.lm.script import ScriptCursor, completion_text, count_tokens, load_script
-from fleet_worker.rlm import INITIAL_ATTRIBUTES, FleetRLM
 from fleet_worker.sandbox import repl_main
 from fleet_worker.sandbox.boundary import Caps, CellResult, call_host_tool, parse_result
 from fleet_worker.sandbox.protocol import HEADER, decode_payload, encode_frame
@@ -533,7 +533,7 @@ def test_the_repl_starts_with_the_first_cell_not_before_the_first_lm_call(tmp_pa
 
 
 def test_fleet_rlm_shares_its_signatures_and_prompts_what_dspy_would() -> None:
-    # FleetRLM builds signatures once per shape (rlm.py); each RLM is still its own module.
+    # FleetRLM builds signatures once per shape (dspy_compat.py); each RLM is still its own module.
     def same(ours: Any, theirs: Any) -> None:
         assert ours.instructions == theirs.instructions
         assert list(ours.input_fields) == list(theirs.input_fields)

@@ -1,10 +1,9 @@
-"""With `rlm.py` (its RLM subclass), the only module that imports dspy: LMs, the RLM program,
-and callbacks → Runtime Events.
+"""With `dspy_compat.py` (what fleet takes from dspy's private names), the only module that
+imports dspy: LMs, the RLM program, and callbacks → Runtime Events.
 
 It uses public DSPy API: `dspy.RLM`, `dspy.LM(engine=...)`, `BaseCallback`, the
-`CodeInterpreter` protocol and `interpreter_factory`; only `rlm.FleetRLM` overrides two private
-methods, to build signatures once. `tests/unit/worker/test_dspy_contract.py` fails loudly if an
-upgrade changes what we rely on.
+`CodeInterpreter` protocol and `interpreter_factory`. `tests/unit/worker/test_dspy_contract.py`
+fails loudly if an upgrade changes what we rely on.
 """
 
 from __future__ import annotations
@@ -23,18 +22,13 @@ from dspy.utils.callback import BaseCallback
 from fleet_shared.config import ResolvedLM
 from fleet_shared.transcript import failed_cell_text
 from fleet_worker import metrics
+from fleet_worker.dspy_compat import FACADE_SETUP_VARIABLE, FleetRLM
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, asks_for_the_answer, completion_text, count_tokens
 from fleet_worker.observer import TurnObserver, fit_output
-from fleet_worker.rlm import FleetRLM
 from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.provider import Repl
 from fleet_worker.sandbox.workspace import HOST_PATHS
-
-# The sandbox facade's setup cell (DSPy >= 3.4) carries this variable. fleet refuses that cell, so
-# no `dspy.Predict/RLM(...)` can be built inside the REPL: a sandboxed dspy.RLM would recurse on
-# the session's own workspace without a depth limit, and its calls would bypass the one budget.
-FACADE_SETUP_VARIABLE = "__dspy_host_token"
 
 
 class TurnSignature(dspy.Signature):

@@ -30,7 +30,7 @@ from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker import metrics
 from fleet_worker.artifacts import ARTIFACTS, stamp_limit
-from fleet_worker.control import ControlListener
+from fleet_worker.cancels import CancelListener
 from fleet_worker.conversation import load_conversation
 from fleet_worker.errors import LeaseLost, SandboxFailed, TurnCancelled
 from fleet_worker.kept import keep_artifacts, keep_workspace
@@ -54,7 +54,7 @@ MANIFEST_CACHE_BYTES = 64 * 2**20  # manifests held at most, weighed as their en
 
 @dataclass
 class WorkerDeps:
-    """Process-wide resources, built once in the arq worker's startup hook."""
+    """Process-wide resources, built once in the job worker's startup hook."""
 
     settings: Settings
     sessions: async_sessionmaker[AsyncSession]
@@ -65,7 +65,7 @@ class WorkerDeps:
     scripts: dict[Path, Script]
     programs: Executor  # RLM programs, one thread per concurrent Turn
     sandbox_ops: Executor  # acquire, interrupt, release: never queued behind a program
-    cancels: ControlListener
+    cancels: CancelListener
     worker_id: str = "worker"
     # Manifests this worker decoded or captured: a warm session's claim reads no entries.
     manifests: ManifestCache[Manifest] = field(default_factory=lambda: ManifestCache(MANIFEST_CACHE_BYTES))
@@ -98,7 +98,7 @@ class HeldTurn:
 
 
 async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
-    """The arq job. A duplicate (the Run is no longer queued) does nothing."""
+    """The Turn's job (fleet_shared.jobs). A duplicate (the Run is no longer queued) does nothing."""
     deps: WorkerDeps = ctx["deps"]
     with structlog.contextvars.bound_contextvars(run_id=run_id, job_try=ctx.get("job_try")):
         # A cancel cannot stop a claim already under way (on SQLite it runs whole in a thread):

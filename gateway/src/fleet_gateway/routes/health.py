@@ -17,7 +17,7 @@ from fleet_gateway.schemas import Health
 from fleet_gateway.state import GatewayState
 from fleet_shared import redis_keys
 from fleet_shared.db.engine import HEAD_REVISION, current_revision, is_read_only, schema_state
-from fleet_shared.queue import health_check_key
+from fleet_shared.jobs import health_key
 
 VERSION = version("fleet-gateway")
 CHECK_TIMEOUT_SECONDS = 2.0
@@ -104,7 +104,7 @@ async def scan_sandbox_modes(gw: GatewayState) -> str:
 
 
 async def check_worker(gw: GatewayState) -> str:
-    key = health_check_key(gw.settings.profile.worker.queue_name)
+    key = health_key(gw.settings.profile.worker.queue_name)
     try:
         alive: Any = await gw.probe.exists(key)
     except (RedisError, OSError):

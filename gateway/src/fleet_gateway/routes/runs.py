@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from fleet_gateway.cancellation import request_cancellation
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.frames import START, parse_last_event_id
+from fleet_gateway.litestar_compat import EventStream
 from fleet_gateway.schemas import CancellationOut, RunOut
-from fleet_gateway.sse import EventStream
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
 from fleet_shared.db import queries

@@ -15,9 +15,9 @@ from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import ApiError, not_found
+from fleet_gateway.litestar_compat import EventStream
 from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
-from fleet_gateway.sse import EventStream
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
 from fleet_shared.db import files, queries, skills
@@ -215,7 +215,7 @@ async def enqueue(gw: GatewayState, run: Run) -> None:
     """Queue the job (job id = run id). If Redis refuses, withdraw the claim and answer 503: nothing
     stays committed, and the same Idempotency-Key works once Redis is back."""
     try:
-        await gw.enqueue(run.id)
+        await gw.jobs.enqueue(run.id)
         return
     except (RedisError, OSError) as exc:
         log.warning("turn.enqueue_failed", error_type=type(exc).__name__)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from litestar import Litestar, get
 
-from fleet_gateway.sse import EventStream, with_direct_send
+from fleet_gateway.litestar_compat import EventStream, with_direct_send
 
 CHUNKS = [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
 
@@ -87,3 +87,20 @@ def test_an_app_that_compresses_responses_is_refused() -> None:
     app = Litestar([], compression_config=CompressionConfig(backend="gzip"), openapi_config=None)
     with pytest.raises(ValueError, match="compresses"):
         with_direct_send(app)
+
+
+def test_the_private_names_litestar_compat_overrides_are_still_litestar_s() -> None:
+    """An upgrade that renames `_stream` or changes `to_asgi_response` fails here, not in a stream."""
+    import inspect
+
+    from litestar.response import Stream
+    from litestar.response.streaming import ASGIStreamingResponse
+
+    from fleet_gateway.litestar_compat import DirectStreamingResponse
+
+    assert inspect.iscoroutinefunction(ASGIStreamingResponse._stream)
+    assert list(inspect.signature(ASGIStreamingResponse._stream).parameters) == ["self", "send"]
+    ours = inspect.signature(EventStream.to_asgi_response).parameters
+    assert list(inspect.signature(Stream.to_asgi_response).parameters) == list(ours)
+    assert "iterator" in ASGIStreamingResponse.__slots__
+    assert "direct_send" in DirectStreamingResponse.__slots__

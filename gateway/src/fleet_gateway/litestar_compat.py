@@ -1,4 +1,8 @@
-"""The SSE response: its body chunks go straight to the server's `send`.
+"""The private names of Litestar that fleet uses, pinned to litestar 2.25 (gateway/pyproject.toml)
+and checked by `tests/unit/gateway/test_litestar_compat.py`: `ASGIStreamingResponse._stream`,
+overridden, and `Stream.to_asgi_response`, rebuilt with another response class.
+
+The SSE response: its body chunks go straight to the server's `send`.
 
 Litestar wraps the server's `send` for every message of every response: the exception
 middleware's wrapper (it notes when the response started) and the app's `before_send` hooks

@@ -1,4 +1,7 @@
-"""`FleetRLM`: a fresh `dspy.RLM` for every Turn, whose signatures are built once per process.
+"""Every private name of dspy that fleet uses, pinned to dspy 3.4 (worker/pyproject.toml) and
+checked by `tests/unit/worker/test_dspy_contract.py`, so an upgrade that moves one fails there.
+
+`FleetRLM`: a fresh `dspy.RLM` for every Turn, whose signatures are built once per process.
 
 dspy builds an RLM's action and extract signatures (pydantic model classes) in its constructor,
 and derives a new action signature on every iteration when the REPL's runtime differs from the
@@ -23,6 +26,10 @@ import dspy
 from dspy.primitives.code_interpreter import resolve_interpreter_factory
 from dspy.primitives.facade import CALL_TOOL, CONSTRUCT_TOOL
 
+# The sandbox facade's setup cell (dspy >= 3.4) carries this variable. fleet refuses that cell, so
+# no `dspy.Predict/RLM(...)` can be built inside the REPL: a sandboxed dspy.RLM would recurse on
+# the session's own workspace without a depth limit, and its calls would bypass the one budget.
+FACADE_SETUP_VARIABLE = "__dspy_host_token"
 MAX_SHAPES = 64  # distinct (signature, budget, tools, runtime) shapes kept; a worker uses a few
 INITIAL_ATTRIBUTES = (
     "_initial_execution_instructions",

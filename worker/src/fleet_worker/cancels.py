@@ -1,9 +1,8 @@
-"""Control notices on one pub/sub connection per worker process: cancels, routed to the Turns it
-runs, and "a job is queued" on its queue, which makes it poll at once.
+"""Cancel notices on one pub/sub connection per worker process, routed to the Turns it runs.
 
-A cancel notice is the fast path; the Run's cancel flag is the truth, read again on every lease
-renewal and whenever this listener (re)connects, so a missed notice delays a cancel by at most a
-third of the lease TTL. A missed job notice delays a Turn by at most one poll of arq's queue.
+A notice is the fast path; the Run's cancel flag is the truth, read again on every lease renewal
+and whenever this listener (re)connects, so a missed notice delays a cancel by at most a third
+of the lease TTL.
 """
 
 from __future__ import annotations
@@ -17,33 +16,25 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from fleet_shared import redis_keys
-from fleet_shared.event_log import control_channel, jobs_channel
+from fleet_shared.event_log import control_channel
 from fleet_shared.subscription import ResilientSubscription
 
 log = structlog.get_logger(__name__)
 
 
-class ControlListener:
-    def __init__(
-        self,
-        redis: Redis,
-        listener: Redis,
-        queue: str | None = None,
-        on_job_queued: Callable[[], None] | None = None,
-    ) -> None:
+class CancelListener:
+    def __init__(self, redis: Redis, listener: Redis) -> None:
         self.redis = redis  # commands (with retries)
         self.listener = listener  # the subscription (reads wait as long as it takes)
         self.watchers: dict[str, Callable[[], None]] = {}
         self.task: asyncio.Task[None] | None = None
-        self.jobs = jobs_channel(listener, queue).encode() if queue and on_job_queued else None
-        self.on_job_queued = on_job_queued
 
     def start(self) -> None:
-        channels: list[str | bytes] = [control_channel(self.listener), *([self.jobs] if self.jobs else [])]
+        channels: list[str | bytes] = [control_channel(self.listener)]
         subscription = ResilientSubscription(
-            self.listener, channels, self.on_message, name="control_listener", on_connected=self.catch_up
+            self.listener, channels, self.on_message, name="cancel_listener", on_connected=self.catch_up
         )
-        self.task = asyncio.create_task(subscription.run_forever(), name="fleet-control-listener")
+        self.task = asyncio.create_task(subscription.run_forever(), name="fleet-cancel-listener")
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -65,7 +56,7 @@ class ControlListener:
         try:
             await self.notify_flagged(run_ids)
         except (RedisError, OSError) as exc:
-            log.warning("control_listener.check_failed", error_type=type(exc).__name__)
+            log.warning("cancel_listener.check_failed", error_type=type(exc).__name__)
 
     async def notify_flagged(self, run_ids: list[str]) -> None:
         if not run_ids:
@@ -86,7 +77,4 @@ class ControlListener:
         await self.check_flags(list(self.watchers))  # the cancels we missed while away
 
     def on_message(self, channel: bytes, data: bytes) -> None:
-        if channel == self.jobs and self.on_job_queued is not None:
-            self.on_job_queued()
-        else:
-            self.notify(data.decode(errors="replace"))
+        self.notify(data.decode(errors="replace"))
