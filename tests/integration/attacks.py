@@ -51,13 +51,13 @@ async def attack(
     harness = factory(*attack_script(code, answer), *lines, **settings)
     run_id = await harness.submit("attack")
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
         session_id = run.session_id
     next_id = await harness.submit("hello", session_id=session_id, key="next")
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         next_run = await queries.get_run(db, next_id)
         turns = await queries.list_turns(db, session_id, after_sequence=0, limit=10)

@@ -35,7 +35,7 @@ def script(tmp: Path, *lines: dict[str, object]) -> Path:
 @dataclass
 class Harness:
     settings: Settings
-    sessions: async_sessionmaker[AsyncSession]
+    db_sessions: async_sessionmaker[AsyncSession]
     redis: aioredis.Redis
 
     async def submit(
@@ -49,7 +49,7 @@ class Harness:
         skills: Sequence[Skill] = (),
     ) -> str:
         """Claim a Turn (in a new session, or `session_id`) and queue it, as the gateway does."""
-        async with self.sessions() as db:
+        async with self.db_sessions() as db:
             if session_id is None:
                 session_id = (await queries.create_session(db, "t")).id
             claimed = await queries.claim_turn(
@@ -84,7 +84,7 @@ class Harness:
     def sweeper(self) -> Sweeper:
         """A sweeper as workers and gateways run it (without the wait after a Redis restart)."""
         return Sweeper(
-            sessions=self.sessions,
+            db_sessions=self.db_sessions,
             redis=self.redis,
             runlog=RunLog(self.redis),
             lease_seconds=self.settings.profile.worker.lease_seconds,

@@ -387,7 +387,7 @@ async def test_a_turns_commit_keeps_the_configured_versions(harness_factory: Har
     )
     first = await harness.submit("one")
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, first)
         assert run is not None
         session = await queries.get_session(db, run.session_id)
@@ -395,8 +395,8 @@ async def test_a_turns_commit_keeps_the_configured_versions(harness_factory: Har
     for turn, said in enumerate(("two", "three"), start=2):
         await harness.submit(said, session_id=session.id, key=f"k{turn}")
         await harness.work()
-    assert await versions_of(harness.sessions, session.workspace_id) == [2, 3]
-    async with harness.sessions() as db:
+    assert await versions_of(harness.db_sessions, session.workspace_id) == [2, 3]
+    async with harness.db_sessions() as db:
         latest = await workspace_versions.version_row(db, session.workspace_id)
         assert latest is not None
         kept = await workspace_versions.manifest_entries(db, latest.manifest_sha256)

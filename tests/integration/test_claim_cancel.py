@@ -74,12 +74,12 @@ async def test_a_turn_whose_claim_was_under_way_when_the_worker_stopped_still_en
         blocker.execute("ROLLBACK")  # the claim now lands
 
         async def ended() -> bool:
-            async with harness.sessions() as db:
+            async with harness.db_sessions() as db:
                 run = await queries.get_run(db, run_id)
             return run is not None and run.status not in ("queued", "running", "settling")
 
         await until(ended, "the Turn to end")
-        async with harness.sessions() as db:
+        async with harness.db_sessions() as db:
             run = await queries.get_run(db, run_id)
         assert run is not None and (run.status, run.failure_code) == ("failed", "worker_shutdown")
     finally:

@@ -359,7 +359,7 @@ async def test_whole_turns_run_in_daytona_and_keep_the_workspace_as_versions(
     harness.settings = msgspec.structs.replace(harness.settings, profile=profile)
     run_id = await harness.submit("hi")
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None and run.status == "completed", run.failure_message if run else None
         session = await queries.get_session(db, run.session_id)
@@ -381,7 +381,7 @@ async def test_whole_turns_run_in_daytona_and_keep_the_workspace_as_versions(
     uploads = len(fake_daytona.uploaded)
     read = await harness.submit("read", session_id=run.session_id, key="k2")
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         second = await workspace_versions.version_row(db, session.workspace_id)
         turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
     assert second is not None and (second.version, second.run_id) == (2, read)

@@ -73,7 +73,7 @@ async def test_sparse_artifacts_touched_again_do_not_fill_the_blob_store(
     first = await harness.submit("make")
     await harness.work()
     after_first = stored_bytes(blobs)
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, first)
         assert run is not None and run.status == "completed", run
     second = await harness.submit("touch", session_id=run.session_id, key="touch")

@@ -50,7 +50,7 @@ async def test_sessions_cannot_see_each_others_files(harness_factory: HarnessFac
     first = await harness.submit("attack")
     other = await harness.submit("hello")  # another session, same script, no attack
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         runs = [await queries.get_run(db, r) for r in (first, other)]
         turns = [await queries.list_turns(db, r.session_id, after_sequence=0, limit=5) for r in runs if r]
     answers = ["".join(p.get("text", "") for p in t[1].parts if p["type"] == "text") for t in turns]
@@ -158,7 +158,7 @@ async def test_an_oversized_answer_is_refused_and_the_rlm_can_retry(harness_fact
     events = await harness.events(run_id)
     errors = [e.error for e in events if isinstance(e, CellOutput) and e.error]
     assert errors and "rlm.max_answer_chars" in errors[0]
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None and run.status == "completed"
         turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=5)

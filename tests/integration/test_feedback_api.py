@@ -34,14 +34,14 @@ def client(harness: Harness) -> Iterator[ApiClient]:
 async def claimed_run(harness: Harness) -> tuple[str, str]:
     """A session and a Run of it (claimed; feedback does not wait for it to settle)."""
     run_id = await harness.submit(enqueue=False)
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
         return run.session_id, run_id
 
 
 async def stored(harness: Harness, feedback_id: str) -> Feedback | None:
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         return await db.scalar(select(Feedback).where(Feedback.id == feedback_id))
 
 
@@ -87,7 +87,7 @@ async def test_a_run_of_another_session_is_the_same_404_as_an_unknown_one(
         )
         assert response.status_code == 404, (session_id, asked, response.text)
         assert response.json()["code"] == "not_found"
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         assert (await db.scalars(select(Feedback).where(Feedback.run_id == run_id))).all() == []
 
 

@@ -48,7 +48,7 @@ async def test_a_fork_and_its_parent_diverge_through_real_turns(
     wrote = await worker.submit("write")
     await worker.work()
     assert await answer_of(worker, wrote) == "wrote"
-    async with worker.sessions() as db:
+    async with worker.db_sessions() as db:
         run = await queries.get_run(db, wrote)
         assert run is not None
         parent = run.session_id

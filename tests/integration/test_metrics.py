@@ -120,7 +120,7 @@ async def test_the_active_streams_gauge_counts_a_stream_until_it_is_closed(harne
     harness: Harness = harness_factory({"lm": "root", "reasoning": "r", "code": "SUBMIT(answer='ok')"})
     run_id = await harness.submit()
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
         view = RunView.of(run)
@@ -131,7 +131,7 @@ async def test_the_active_streams_gauge_counts_a_stream_until_it_is_closed(harne
         return value
 
     base = gauge()
-    deps = StreamDeps(redis=harness.redis, fanout=None, sessions=harness.sessions, heartbeat_seconds=10)  # type: ignore[arg-type]
+    deps = StreamDeps(redis=harness.redis, fanout=None, db_sessions=harness.db_sessions, heartbeat_seconds=10)  # type: ignore[arg-type]
     cut_off = cast(AsyncGenerator[bytes, None], stream_run(deps, view, delivery="resume", from_db=True))
     await anext(cut_off)  # the start frame: the stream is open
     assert gauge() == base + 1
@@ -273,7 +273,7 @@ async def test_a_cancelled_queued_run_is_counted_by_stage(
 async def test_the_sweeper_counts_what_it_does(harness_factory: Any) -> None:
     harness: Harness = harness_factory({"lm": "root", "reasoning": "r", "code": "SUBMIT(answer='ok')"})
     run_id = await harness.submit(enqueue=False)  # its job was lost before any worker saw it
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
     before = REGISTRY.get_sample_value("fleet_reaper_actions_total", {"action": "requeued"}) or 0

@@ -100,7 +100,7 @@ async def test_llm_query_batched_answers_in_prompt_order_as_one_tool_part(harnes
     assert sorted(answer.text.split("|")) == ["first", "second", "third"]
     (started,) = of(events, LMQueryStarted)
     assert started.tool == "llm_query_batched" and started.prompt_count == 3 and started.prompt is None
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
         turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
@@ -142,7 +142,7 @@ async def test_rlm_query_runs_a_child_in_its_own_sandbox_and_reports_its_life(ha
     assert scratch_folders(harness) == []
     (usage,) = of(events, Usage)
     assert usage.iterations == 2
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
         turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
@@ -233,7 +233,7 @@ async def test_each_commit_writes_the_next_task_checkpoint(harness_factory) -> N
     harness: Harness = harness_factory(root("SUBMIT(answer='done: ' + request)"))
     first = await harness.submit("summarise the report")
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, first)
         assert run is not None
         session_id = run.session_id
@@ -245,7 +245,7 @@ async def test_each_commit_writes_the_next_task_checkpoint(harness_factory) -> N
         assert isinstance(terminal, RunCompleted)
         versions.append(terminal.checkpoint_version)
     assert versions == [1, 2]
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         session = await db.get(Session, session_id)
         assert session is not None and session.checkpoint_version == 2 and session.task is not None
         task = session.task
@@ -266,7 +266,7 @@ async def test_a_selected_skill_is_announced_written_to_skills_and_given_to_the_
             "SUBMIT(answer=f'{len(skills)} {card.splitlines()[0]} | {skills[0].splitlines()[0][:60]}')"
         ),
     )
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         (card,) = await skill_queries.get_skills(db, ["csv-analysis"])
     run_id = await harness.submit(skills=[card])
     await harness.work()
@@ -282,7 +282,7 @@ async def test_a_selected_skill_is_announced_written_to_skills_and_given_to_the_
     head = f"1 # {card.name} (version {card.version}) | "
     given = f"{card.name} (version {card.version}, /workspace/skills/csv-analysis.md): {card.description}"
     assert answer.text == head + given[:60]
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
         turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
@@ -488,12 +488,12 @@ async def test_a_skill_card_changed_after_the_check_fails_the_turn_clearly(harne
 
     harness: Harness = harness_factory(root("SUBMIT(answer='unused')"))
     skill_id = f"changing-{uuid.uuid4().hex[:8]}"  # its own card: the test DB is shared
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         db.add(Skill(id=skill_id, name="Changing", version="1", description="d", body="b", digest="0" * 64))
         await db.commit()
         (card,) = await skill_queries.get_skills(db, [skill_id])
     run_id = await harness.submit(skills=[card])
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         await db.execute(update(Skill).where(Skill.id == skill_id).values(version="2"))
         await db.commit()
     released = REGISTRY.get_sample_value("fleet_sandbox_lease_seconds_count", {"provider": "local"}) or 0

@@ -67,7 +67,7 @@ async def queued_run(engine: AsyncEngine) -> str:
 async def started_run(engine: AsyncEngine) -> tuple[Claim, runs.Settlement]:
     """A Run the worker has started, and the settlement that answers it with "42"."""
     run_id = await queued_run(engine)
-    claim = await claim_run(SimpleNamespace(sessions=session_factory(engine), manifests=None), run_id)  # type: ignore[arg-type]
+    claim = await claim_run(SimpleNamespace(db_sessions=session_factory(engine), manifests=None), run_id)  # type: ignore[arg-type]
     assert claim is not None
     answered = runs.Settlement(
         run_id=run_id, session_id=claim.session_id, attempt=claim.attempt, current=RunStatus.RUNNING,
@@ -90,7 +90,7 @@ async def test_a_runs_start_is_one_unit_and_a_duplicate_job_starts_nothing(engin
     sessions = session_factory(engine)
     run_id = await queued_run(engine)
     statements = Statements(engine)
-    deps = SimpleNamespace(sessions=sessions, manifests=None)
+    deps = SimpleNamespace(db_sessions=sessions, manifests=None)
     claim = await claim_run(deps, run_id)  # type: ignore[arg-type]
     assert claim is not None and (claim.run_id, claim.attempt, claim.user_sequence) == (run_id, 1, 1)
     assert statements.kinds() == ["UPDATE", "SELECT", "SELECT"]  # the fenced start, the Run, its session
@@ -163,13 +163,13 @@ async def test_a_warm_sessions_start_reads_no_manifest_entries(engine: AsyncEngi
     sessions = session_factory(engine)
     first = await queued_run(engine)
     cache: ManifestCache[Manifest] = ManifestCache(1000)
-    claim = await claim_run(SimpleNamespace(sessions=sessions, manifests=cache), first)  # type: ignore[arg-type]
+    claim = await claim_run(SimpleNamespace(db_sessions=sessions, manifests=cache), first)  # type: ignore[arg-type]
     assert claim is not None and claim.workspace is not None
     manifest = Manifest.of([FileEntry("memory/a.txt", 1, 0o644, "a" * 64, 1)])
     change = WorkspaceChange(workspace_id=claim.workspace_id, seen_version=0, manifest=manifest)
     await run_whole(sessions, lambda db: (workspace_versions.record_on(db, change, first), db.commit()))
     await end_run(engine, first)
-    cold = SimpleNamespace(sessions=sessions, manifests=ManifestCache(1000))
+    cold = SimpleNamespace(db_sessions=sessions, manifests=ManifestCache(1000))
     for reads in (["UPDATE", "SELECT", "SELECT", "SELECT"], ["UPDATE", "SELECT", "SELECT"]):
         run_id = await next_run(engine, claim.session_id)
         statements = Statements(engine)

@@ -44,7 +44,7 @@ def post_turn(client: ApiClient, session_id: str, key: str, text: str = "hi") ->
 
 
 async def runs_in(harness: Harness, session_id: str) -> int:
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         query = select(func.count()).select_from(Run).where(Run.session_id == session_id)
         return int(await db.scalar(query) or 0)
 
@@ -161,7 +161,7 @@ async def test_the_claim_checks_the_key_before_the_archive(harness: Harness) -> 
     """In the query itself: a known key replays (or mismatches) in an archived session; a new key
     is refused inside the claim's transaction, leaving no Run and no Turn."""
     fingerprint = hashlib.sha256(TurnRequest(text="hi").fingerprint_bytes()).hexdigest()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         session_id = (await queries.create_session(db, "t")).id
         claimed = await queries.claim_turn(
             db, session_id=session_id, idempotency_key="k", fingerprint=fingerprint, text="hi", model="m"

@@ -51,7 +51,7 @@ def submit(
 
 
 async def runs_of(harness: Harness, session_id: str) -> int:
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         return int(
             await db.scalar(select(func.count()).select_from(Run).where(Run.session_id == session_id)) or 0
         )

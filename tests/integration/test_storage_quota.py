@@ -48,7 +48,7 @@ async def turn(
 ) -> list[RunEvent]:
     run_id = await harness.submit(msgspec.json.encode(request).decode(), session_id=session_id, key=new_id())
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
     assert run is not None and run.status == "completed", run and run.failure_message
     return await harness.events(run_id)
@@ -73,7 +73,7 @@ def workspace_warning(events: list[RunEvent]) -> str | None:
 
 
 async def session_of(harness: Harness, events: list[RunEvent]) -> str:
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, events[0].run_id)
     assert run is not None
     return run.session_id
@@ -95,7 +95,7 @@ async def test_an_artifact_is_stored_again_only_when_its_content_changed(
     second = await turn(harness, {"a.txt": "alpha", "b.txt": "beta, changed"}, session_id)
     third = await turn(harness, {"a.txt": None, "b.txt": "beta"}, session_id)
     assert (kept(first), kept(second), kept(third)) == (["a.txt", "b.txt"], ["b.txt"], ["b.txt"])
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         rows = (await db.scalars(select(Artifact).where(Artifact.session_id == session_id))).all()
     stored = sorted((r.name, r.checksum_sha256) for r in rows)
     assert stored == sorted(

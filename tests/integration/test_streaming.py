@@ -272,13 +272,13 @@ async def test_a_run_this_request_created_streams_without_asking_the_db(
     # A stream checks the DB first in case its Run ended with no log (Redis lost it); a Run the
     # POST itself just created cannot have, so its stream skips that lookup on every Turn.
     opened: list[str] = []
-    factory = deps.sessions
+    factory = deps.db_sessions
 
     def counting_sessions() -> Any:
         opened.append("session")
         return factory()
 
-    counting = dataclasses.replace(deps, sessions=counting_sessions)  # type: ignore[arg-type]
+    counting = dataclasses.replace(deps, db_sessions=counting_sessions)  # type: ignore[arg-type]
     for fresh, expected in ((True, []), (False, ["session"])):
         run_id = new_id()
         events = body(run_id)

@@ -45,7 +45,7 @@ async def test_completed_turn_is_committed_and_logged(harness_factory) -> None: 
     run_id = await harness.submit()
     await harness.work()
 
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
         assert (run.status, run.attempt, run.failure_code) == ("completed", 1, None)
@@ -68,7 +68,7 @@ async def test_duplicate_job_does_nothing(harness_factory) -> None:  # type: ign
     await harness.work()
     before = await harness.events(run_id)
     engine = create_engine(harness.settings.database_url)
-    deps = SimpleNamespace(settings=harness.settings, sessions=session_factory(engine), manifests=None)
+    deps = SimpleNamespace(settings=harness.settings, db_sessions=session_factory(engine), manifests=None)
     assert await run_turn({"deps": deps, "job_try": 2}, run_id) == "duplicate"
     await engine.dispose()
     assert await harness.events(run_id) == before
@@ -78,7 +78,7 @@ async def test_exhausted_script_fails_the_run_with_a_code(harness_factory) -> No
     harness: Harness = harness_factory(ROOT_PRINT)  # never submits, then runs out
     run_id = await harness.submit()
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
         turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
@@ -94,7 +94,7 @@ async def test_turn_timeout_ends_as_timed_out(harness_factory) -> None:  # type:
     harness: Harness = harness_factory(slow, ROOT_SUBMIT, turn_timeout=1)
     run_id = await harness.submit()
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
     assert run is not None and (run.status, run.failure_code) == ("timed_out", "turn_timeout")
     assert run.finished_at is not None and run.started_at is not None
@@ -108,7 +108,7 @@ async def test_runaway_cell_is_killed_and_the_turn_recovers(harness_factory) -> 
     harness: Harness = harness_factory(spin, recover)
     run_id = await harness.submit()
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
     assert run is not None and run.status == "completed"
     failed_cells = [e for e in await harness.events(run_id) if isinstance(e, CellOutput) and e.error]
@@ -123,7 +123,7 @@ async def test_a_commit_whose_acknowledgement_was_lost_is_recognised(harness_fac
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
     run_id = await harness.submit()
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None
         # The retry carries the same events as the commit whose acknowledgement it missed.
@@ -150,7 +150,7 @@ async def test_sweeper_takes_over_and_settles_runs_whose_lease_lapsed(harness_fa
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
     lost, leased, fresh = [await harness.submit(f"run {i}") for i in range(3)]
     long_ago = datetime.now(UTC) - timedelta(minutes=5)
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         for run_id in (lost, leased, fresh):
             assert await db.run_sync(runs.start_run_on, run_id) is not None
         await db.execute(update(Run).where(Run.id.in_([lost, leased])).values(started_at=long_ago))
@@ -168,7 +168,7 @@ async def test_sweeper_takes_over_and_settles_runs_whose_lease_lapsed(harness_fa
     assert await sweeper.settle_lost_runs() >= 1  # other tests' abandoned Runs may be reaped too
     assert await sweeper.settle_lost_runs() == 0  # idempotent
 
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         statuses = {r: (await queries.get_run(db, r)).status for r in (lost, leased, fresh)}  # type: ignore[union-attr]
         run = await queries.get_run(db, lost)
         assert run is not None
@@ -189,7 +189,7 @@ async def test_sweeper_takes_over_and_settles_runs_whose_lease_lapsed(harness_fa
     zombie_end = RunFailed(run_id=lost, seq=4, code="lm_error", message="late")
     zombie = settlement_of(run, RunCommand.FAIL, [zombie_end], failure_code="lm_error")
     zombie = msgspec.structs.replace(zombie, attempt=1)
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         assert await db.run_sync(commit_once_on, zombie) is False
     result = await RunLog(harness.redis).append(zombie_end, lease_token(1, "dead-worker"))
     assert result.status is Appended.FENCED
@@ -212,7 +212,7 @@ async def test_reaper_requeues_a_lost_job_and_gives_up_on_an_ancient_one(harness
     # Its job ran once and failed before claiming the Run (say, the DB was down): arq kept a result.
     await harness.redis.set(f"arq:result:{failed_early}", b"x", ex=60)
     now = datetime.now(UTC)
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         await db.execute(
             update(Run)
             .where(Run.id.in_([lost, waiting, failed_early]))
@@ -223,7 +223,7 @@ async def test_reaper_requeues_a_lost_job_and_gives_up_on_an_ancient_one(harness
     assert await harness.sweeper().requeue_lost_jobs() >= 3
     assert await harness.jobs().pending(lost) and await harness.jobs().pending(waiting)
     await harness.work()  # the re-enqueued job really runs
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         runs = {r: await queries.get_run(db, r) for r in (lost, ancient, waiting, failed_early)}
     assert runs[lost].status == "completed"  # type: ignore[union-attr]
     assert runs[waiting].status == "completed"  # type: ignore[union-attr]
@@ -244,7 +244,7 @@ async def test_a_crowd_of_healthy_runs_does_not_hide_a_lost_one(harness_factory)
     healthy = [await harness.submit(f"healthy {i}", enqueue=False) for i in range(60)]
     lost = await harness.submit("lost", enqueue=False)
     now = datetime.now(UTC)
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         for run_id in [*healthy, lost]:
             assert await db.run_sync(runs.start_run_on, run_id) is not None
         # The healthy ones are older, so they would fill any first page of candidates.
@@ -254,7 +254,7 @@ async def test_a_crowd_of_healthy_runs_does_not_hide_a_lost_one(harness_factory)
     for run_id in healthy:
         await harness.redis.set(redis_keys.run_lease(run_id), "alive", px=60_000)
     await harness.sweeper().settle_lost_runs()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         assert (await queries.get_run(db, lost)).status == "failed"  # type: ignore[union-attr]
         statuses = {(await queries.get_run(db, r)).status for r in healthy}  # type: ignore[union-attr]
     assert statuses == {"running"}
@@ -277,13 +277,13 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
 
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
     run_id = await harness.submit(enqueue=False)
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await db.run_sync(runs.start_run_on, run_id)
         assert run is not None
     listen = listener(harness.settings.redis_url)
     deps = SimpleNamespace(
         settings=harness.settings,
-        sessions=harness.sessions,
+        sessions=harness.db_sessions,
         runlog=RunLog(harness.redis),
         cancels=CancelListener(harness.redis, listen),
         worker_id="w1",
@@ -293,7 +293,7 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
         turn = await hold(deps, claim, cleanup)  # type: ignore[arg-type]
         turn.sink.emit(StatusChanged(run_id=run_id, phase="execution"))
         terminal = turn.sink.stamp_terminal(RunCompleted(run_id=run_id, duration_ms=1))
-        async with harness.sessions() as db:
+        async with harness.db_sessions() as db:
             settlement = runs.Settlement(
                 run_id=run_id,
                 session_id=run.session_id,
@@ -331,7 +331,7 @@ async def test_a_turn_out_of_iterations_ends_with_the_extracted_answer_and_says_
     assert [w.code for w in warnings] == ["max_iters"] and "rlm.max_iters" in warnings[0].message
     assert [a.text for a in answers] == ["the best answer so far"]
     assert kinds.index("RunWarning") < kinds.index("Answer") and kinds[-1] == "RunCompleted"
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None and run.status == "completed"
         turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)

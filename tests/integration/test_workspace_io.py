@@ -25,7 +25,7 @@ def one_action(code: str) -> dict[str, Any]:
 
 
 async def artifacts_of(harness: Harness, run_id: str) -> list[Artifact]:
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         rows = await db.scalars(select(Artifact).where(Artifact.run_id == run_id).order_by(Artifact.name))
         return list(rows)
 
@@ -50,7 +50,7 @@ async def test_artifacts_are_new_or_changed_regular_files_only(harness_factory: 
     harness = harness_factory(one_action(code))
     first = await harness.submit("first")
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, first)
         assert run is not None and run.status == "completed"
         session_id = run.session_id
@@ -69,7 +69,7 @@ async def test_artifacts_are_new_or_changed_regular_files_only(harness_factory: 
     assert (blobs / rows[1].id).read_bytes() == bytes(range(256))
     [changed] = await artifacts_of(harness, second)
     assert changed.name == "a.txt" and (blobs / changed.id).read_bytes() == b"alpha, changed"
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         turns = await queries.list_turns(db, session_id, after_sequence=0, limit=10)
     parts = [p for p in turns[1].parts if p["type"] == "data-artifact"]
     assert [p["data"]["artifact_id"] for p in parts] == [r.id for r in rows]
@@ -92,7 +92,7 @@ async def test_artifact_limits_keep_the_turn_and_say_why(harness_factory: Harnes
     assert "big.bin" in warnings["artifact_too_large"]
     # Sorted names: big.bin (refused: too large), f0.txt, f1.txt — three considered, two kept.
     assert [r.name for r in await artifacts_of(harness, run_id)] == ["f0.txt", "f1.txt"]
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
     assert run is not None and run.status == "completed"
 
@@ -108,7 +108,7 @@ async def test_attachments_are_staged_read_only_copies(harness_factory: HarnessF
     harness = harness_factory(one_action(code))
     store = open_blob_store(harness.settings)
     rows = []
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         for body in (b"one", b"two"):
             attachment_id = new_id()
             source = harness.settings.data_dir / "upload.tmp"
@@ -133,7 +133,7 @@ async def test_attachments_are_staged_read_only_copies(harness_factory: HarnessF
         (rows[0].id, "notes.txt"),
         (rows[1].id, "notes (2).txt"),
     ]
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None and run.status == "completed", run.failure_message
         turns = await queries.list_turns(db, run.session_id, after_sequence=0, limit=10)
@@ -148,7 +148,7 @@ async def test_attachments_are_staged_read_only_copies(harness_factory: HarnessF
     (harness.settings.blobs_dir / "attachments" / rows[0].id).unlink()
     again = await harness.submit("read them", attachments=rows[:1], session_id=run.session_id, key="k2")
     await harness.work()
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         failed = await queries.get_run(db, again)
     assert failed is not None and failed.status == "failed"
     assert failed.failure_code == "attachment_unavailable"

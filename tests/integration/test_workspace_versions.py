@@ -82,11 +82,11 @@ def on_disk_of_its_own(harness: Harness, data_dir: Path, bucket_name: str) -> Ha
     """The same harness as a pod of its own: another data dir, the shared store."""
     blobs = ResolvedBlobs(backend="s3", s3_bucket=bucket_name, s3_prefix="fleet", from_url=True)
     settings: Settings = msgspec.structs.replace(harness.settings, data_dir=data_dir, blobs=blobs)
-    return Harness(settings, harness.sessions, harness.redis)
+    return Harness(settings, harness.db_sessions, harness.redis)
 
 
 async def answer_of(harness: Harness, run_id: str) -> str:
-    async with harness.sessions() as db:
+    async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None and run.status == "completed", (
             (run.status, run.failure_message) if run else None
@@ -106,7 +106,7 @@ async def test_a_session_moves_between_workers_that_share_no_disk(
     wrote = await first.submit("write")
     await first.work()
     assert await answer_of(first, wrote) == "wrote"
-    async with first.sessions() as db:
+    async with first.db_sessions() as db:
         run = await queries.get_run(db, wrote)
         assert run is not None
         session = await queries.get_session(db, run.session_id)
@@ -136,7 +136,7 @@ async def test_a_session_moves_between_workers_that_share_no_disk(
             "0o750",
         )
     )
-    async with second.sessions() as db:
+    async with second.db_sessions() as db:
         v1_again = await workspace_versions.version_row(db, session.workspace_id, version=1)
         latest = await workspace_versions.version_row(db, session.workspace_id)
         assert v1_again is not None and latest is not None and latest.version == 3
@@ -152,7 +152,7 @@ async def test_a_file_no_run_changed_is_not_stored_again(
     pod = on_disk_of_its_own(base, work_dir / "pod", bucket_name)
     wrote = await pod.submit("write")
     await pod.work()
-    async with pod.sessions() as db:
+    async with pod.db_sessions() as db:
         run = await queries.get_run(db, wrote)
         assert run is not None
     # A versioned bucket keeps one object version per PUT: the count is what was stored.

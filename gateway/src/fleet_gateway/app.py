@@ -83,7 +83,7 @@ def create_app(settings: Settings) -> Litestar:
             state = GatewayState(
                 settings=settings,
                 engine=engine,
-                sessions=session_factory(engine),
+                db_sessions=session_factory(engine),
                 redis=redis,
                 jobs=ArqJobQueue(redis, settings.profile.worker.queue_name),
                 fanout=fanout,
@@ -103,7 +103,7 @@ def create_app(settings: Settings) -> Litestar:
         return holder["state"]
 
     async def provide_db(gw: NamedDependency[GatewayState]) -> AsyncIterator[AsyncSession]:
-        async with gw.sessions() as session:
+        async with gw.db_sessions() as session:
             yield session
 
     api = Router(
@@ -191,7 +191,7 @@ def probe_client(url: str) -> Redis:
 
 def make_sweeper(state: GatewayState) -> Sweeper:
     return Sweeper(
-        sessions=state.sessions,
+        db_sessions=state.db_sessions,
         redis=state.redis,
         runlog=state.runlog,
         lease_seconds=state.settings.profile.worker.lease_seconds,

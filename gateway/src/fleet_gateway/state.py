@@ -23,7 +23,7 @@ from fleet_shared.jobs import JobQueue
 class GatewayState:
     settings: Settings
     engine: AsyncEngine
-    sessions: async_sessionmaker[AsyncSession]
+    db_sessions: async_sessionmaker[AsyncSession]
     redis: Redis  # commands for requests: retries a blip, gives up on an outage (a 503)
     jobs: JobQueue
     fanout: EventFanout
@@ -51,7 +51,7 @@ class GatewayState:
         return StreamDeps(
             redis=self.redis,
             fanout=self.fanout,
-            sessions=self.sessions,
+            db_sessions=self.db_sessions,
             heartbeat_seconds=profile.runtime.heartbeat_seconds,
             max_seconds=profile.gateway.stream_max_seconds,
         )

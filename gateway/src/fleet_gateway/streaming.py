@@ -55,7 +55,7 @@ RECONNECT_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)  # after a Redis fault, re-read t
 class StreamDeps:
     redis: Redis
     fanout: EventFanout
-    sessions: async_sessionmaker[AsyncSession]
+    db_sessions: async_sessionmaker[AsyncSession]
     heartbeat_seconds: float
     max_seconds: float = 900.0
 
@@ -158,7 +158,7 @@ def emit(events: Iterable[RunEvent], state: StreamState, cursor: Cursor) -> list
 async def replay_from_db(
     deps: StreamDeps, run: RunView, state: StreamState, cursor: Cursor
 ) -> AsyncIterator[bytes]:
-    async with deps.sessions() as db:
+    async with deps.db_sessions() as db:
         events = await queries.load_run_events(db, run.id)
         row = await queries.get_run(db, run.id)
     for data in emit(events, state, cursor):
@@ -333,7 +333,7 @@ def reconnect_delay(faults: int) -> float:
 async def settled_in_db(deps: StreamDeps, run: RunView, state: StreamState, cursor: Cursor) -> list[bytes]:
     """A Run that ended without (more) logged events: its log was lost, or never written."""
     try:
-        async with deps.sessions() as db:
+        async with deps.db_sessions() as db:
             row = await queries.get_run(db, run.id)
             if row is None or not is_terminal(row.status):
                 return []

@@ -115,7 +115,7 @@ class Stopped(Exception):
 class Collector:
     def __init__(
         self,
-        sessions: async_sessionmaker[AsyncSession],
+        db_sessions: async_sessionmaker[AsyncSession],
         blobs: BlobStore,
         *,
         older_than: datetime,
@@ -123,7 +123,7 @@ class Collector:
         on_removed: Listener | None = None,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.sessions = sessions
+        self.db_sessions = db_sessions
         self.blobs = blobs
         self.older_than = older_than
         self.on_removed = on_removed or (lambda key, size: None)
@@ -161,13 +161,13 @@ class Collector:
 
     async def unreferenced_manifests(self, after: str) -> list[str]:
         self.check_stop()
-        async with self.sessions() as db:
+        async with self.db_sessions() as db:
             return await workspace_versions.unreferenced_manifests(
                 db, self.older_than, after=after, limit=MANIFEST_PAGE
             )
 
     async def delete_manifests(self, sha256s: list[str]) -> int:
-        async with self.sessions() as db:
+        async with self.db_sessions() as db:
             try:
                 return await workspace_versions.delete_manifests(db, sha256s, self.older_than)
             except IntegrityError:  # a version came to refer to one meanwhile: the next gc's
@@ -183,7 +183,7 @@ class Collector:
         after = ""
         while True:
             self.check_stop()
-            async with self.sessions() as db:
+            async with self.db_sessions() as db:
                 page = await workspace_versions.manifest_sizes(
                     db, after=after, limit=MANIFEST_PAGE, kept_from=kept_from
                 )
@@ -191,7 +191,7 @@ class Collector:
                 return referenced
             after = page[-1][0]
             for chunk in chunks_of_entries(page):
-                async with self.sessions() as db:
+                async with self.db_sessions() as db:
                     encoded = await workspace_versions.encoded_manifests(db, chunk)
                 # Decoding is CPU work: off the event loop, which a worker shares with its Turns.
                 await asyncio.to_thread(add_digests, referenced, encoded)
@@ -222,7 +222,7 @@ class Collector:
                     old[object_id] = stored
             if not old:
                 continue
-            async with self.sessions() as db:
+            async with self.db_sessions() as db:
                 rows = await db.scalars(select(model.id).where(model.id.in_(list(old))))
                 recorded = set(rows.all())
             await self.remove([s for i, s in old.items() if i not in recorded], into)
@@ -291,7 +291,7 @@ async def finished(collector: Collector) -> Collected:
 
 async def collect_on_schedule(
     redis: Redis,
-    sessions: async_sessionmaker[AsyncSession],
+    db_sessions: async_sessionmaker[AsyncSession],
     blobs: BlobStore,
     *,
     queue: str,
@@ -311,7 +311,7 @@ async def collect_on_schedule(
             if await redis.exists(redis_keys.gc_done(queue)):
                 continue
             older_than = datetime.now(UTC) - timedelta(seconds=storage.gc_grace_seconds)
-            collector = Collector(sessions, blobs, older_than=older_than, should_stop=stopping.is_set)
+            collector = Collector(db_sessions, blobs, older_than=older_than, should_stop=stopping.is_set)
             collected = await collect_once(redis, queue, collector)
             if collected is not None and collected.finished:
                 quiet = max(1, int(interval * QUIET_SHARE))

@@ -75,7 +75,7 @@ def consecutive_from(events: list[RunEvent], index: int) -> list[RunEvent]:
 
 @dataclass
 class Sweeper:
-    sessions: async_sessionmaker[AsyncSession]
+    db_sessions: async_sessionmaker[AsyncSession]
     redis: Redis
     runlog: RunLog
     lease_seconds: float
@@ -134,7 +134,7 @@ class Sweeper:
     async def settle_lost_runs(self) -> int:
         # A Run just started may not have written its lease yet: only look one lease period back.
         cutoff = datetime.now(UTC) - timedelta(seconds=self.lease_seconds)
-        async with self.sessions() as db:
+        async with self.db_sessions() as db:
             candidate_ids = await runs.stale_active_run_ids(db, started_before=cutoff)
         if not candidate_ids or self.quiet() or await self.redis_recently_restarted():
             return 0
@@ -145,7 +145,7 @@ class Sweeper:
         if self.quiet():
             return 0
         lost_ids = [run_id for run_id, held in zip(candidate_ids, leased, strict=True) if not held]
-        async with self.sessions() as db:
+        async with self.db_sessions() as db:
             lost = await runs.get_runs(db, lost_ids[:REAP_BATCH])
         settled = 0
         for run in lost:
@@ -173,7 +173,7 @@ class Sweeper:
         if not await self.runlog.take_lease(run.id, token, self.lease_ms):
             return 0  # its worker took the lease back, or another sweeper is on it
         try:
-            async with self.sessions() as db:
+            async with self.db_sessions() as db:
                 taken = await runs.take_over_run(db, run.id, run.attempt)
             if not taken:
                 # Its worker committed meanwhile; its terminal append was refused by our lease.
@@ -182,7 +182,7 @@ class Sweeper:
             logged = [e for e in await read_all_after(self.redis, run.id, 0) if not ends_run(e)]
             cancelled = bool(await self.redis.exists(redis_keys.run_cancel(run.id)))
             settlement = lost_run_settlement(run, logged, cancelled=cancelled)
-            async with self.sessions() as db:
+            async with self.db_sessions() as db:
                 if not await runs.commit_settlement(db, settlement):
                     return 0
             await append_from(self.runlog, settlement.events, token)
@@ -193,14 +193,14 @@ class Sweeper:
             await self.runlog.release_lease(run.id, token)
 
     async def publish_committed(self, run_id: str, token: str) -> None:
-        async with self.sessions() as db:
+        async with self.db_sessions() as db:
             events = await queries.load_run_events(db, run_id)
         if events:
             await append_from(self.runlog, events, token)
 
     async def requeue_lost_jobs(self) -> int:
         now = datetime.now(UTC)
-        async with self.sessions() as db:
+        async with self.db_sessions() as db:
             candidates = await runs.stale_queued_runs(db, created_before=now - QUEUED_GRACE)
         moved = 0
         for run in candidates:
@@ -222,7 +222,7 @@ class Sweeper:
         return 1
 
     async def fail_queued(self, run_id: str) -> int:
-        async with self.sessions() as db:
+        async with self.db_sessions() as db:
             terminal = await runs.fail_queued_run(db, run_id, "enqueue_lost", ENQUEUE_LOST_MESSAGE)
         if terminal is None:
             return 0

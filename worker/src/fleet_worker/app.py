@@ -86,7 +86,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> JobWorker:
         ctx["engine"] = engine
         ctx["deps"] = deps = WorkerDeps(
             settings=settings,
-            sessions=session_factory(engine),
+            db_sessions=session_factory(engine),
             redis=redis,
             runlog=RunLog(redis),
             sandboxes=sandboxes,
@@ -158,7 +158,7 @@ def start_background_loops(ctx: Context, deps: WorkerDeps) -> None:
         ctx["gc_stopping"] = stopping = asyncio.Event()
         queue = settings.profile.worker.queue_name
         gc = collect_on_schedule(
-            deps.redis, deps.sessions, deps.blobs, queue=queue, storage=storage, stopping=stopping
+            deps.redis, deps.db_sessions, deps.blobs, queue=queue, storage=storage, stopping=stopping
         )
         ctx["gc"] = asyncio.create_task(gc, name="fleet-gc")
 
@@ -170,7 +170,7 @@ async def sweep_daytona(deps: WorkerDeps) -> None:
     from fleet_worker.sandbox.daytona.ops import sweep_forever
 
     assert isinstance(deps.sandboxes, DaytonaSandboxProvider)
-    await sweep_forever(deps.sandboxes, deps.sessions, DAYTONA_SWEEP_SECONDS)
+    await sweep_forever(deps.sandboxes, deps.db_sessions, DAYTONA_SWEEP_SECONDS)
 
 
 async def sweep_scratch_forever(deps: WorkerDeps, provider: LocalSandboxProvider) -> None:
@@ -196,7 +196,7 @@ async def announce_sandbox(redis: Redis, worker_id: str, mode: str) -> None:
 
 def make_sweeper(deps: WorkerDeps) -> Sweeper:
     return Sweeper(
-        sessions=deps.sessions,
+        db_sessions=deps.db_sessions,
         redis=deps.redis,
         runlog=deps.runlog,
         lease_seconds=deps.settings.profile.worker.lease_seconds,

@@ -95,7 +95,7 @@ def changed_files(before: dict[str, FileStamp], after: dict[str, FileStamp]) -> 
 
 async def collect_artifacts(
     *,
-    sessions: async_sessionmaker[AsyncSession],
+    db_sessions: async_sessionmaker[AsyncSession],
     blobs: BlobStore,
     executor: Executor,
     lease: SandboxLease,
@@ -112,7 +112,7 @@ async def collect_artifacts(
     if not changed:
         return
     read = functools.partial(stored_on, session_id=session_id, names=list(changed))
-    stored = await run_whole_with_retry(sessions, read, deadline=deadline, what="artifacts_read")
+    stored = await run_whole_with_retry(db_sessions, read, deadline=deadline, what="artifacts_read")
     keeper = Keeper(blobs, lease, stored, limits, sink)
     await loop.run_in_executor(executor, keeper.store_changed, changed)
 

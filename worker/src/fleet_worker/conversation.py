@@ -49,7 +49,7 @@ class Conversation:
 
 
 async def load_conversation(
-    sessions: async_sessionmaker[AsyncSession],
+    db_sessions: async_sessionmaker[AsyncSession],
     session_id: str,
     user_sequence: int,
     *,
@@ -68,7 +68,7 @@ async def load_conversation(
         return turns, files.get_attachments_on(db, attachment_ids(sent)), selection, cards
 
     # One hop on SQLite (fleet_shared.db.engine.run_whole): the history is on every Turn's path.
-    turns, rows, selection, cards = await run_whole(sessions, read)
+    turns, rows, selection, cards = await run_whole(db_sessions, read)
     attachments = [AttachmentRef(r.id, r.filename, r.media_type, r.byte_size) for r in rows]
     chosen = [SkillRef(c.id, c.name, c.version, c.description, c.body) for c in cards]
     stale = changed_skills(selection, chosen)

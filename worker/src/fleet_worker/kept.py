@@ -33,7 +33,7 @@ async def keep_artifacts(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome, dea
         return outcome
     try:
         await collect_artifacts(
-            sessions=deps.sessions,
+            db_sessions=deps.db_sessions,
             blobs=deps.blobs,
             executor=deps.sandbox_ops,
             lease=turn.sandbox,
@@ -70,7 +70,7 @@ async def keep_workspace(
 
     async def refusal(size: int) -> str | None:
         stored = await run_whole_with_retry(
-            deps.sessions,
+            deps.db_sessions,
             functools.partial(stored_bytes_on, session_id=turn.claim.session_id),
             deadline=deadline,
             what="quota_read",

@@ -28,18 +28,18 @@ MAX_RETRY_SECONDS = 2.0
 
 
 async def commit_with_retry(
-    sessions: async_sessionmaker[AsyncSession], settlement: runs.Settlement, *, deadline: float
+    db_sessions: async_sessionmaker[AsyncSession], settlement: runs.Settlement, *, deadline: float
 ) -> bool:
     """Commit, retrying every connection-class error until `deadline` (time.monotonic()).
 
     The caller keeps the Run's lease meanwhile, so no sweeper can take the Run: an answer that was
     computed is committed once the database is back. False: another attempt owns the Run."""
     commit = functools.partial(commit_once_on, settlement=settlement)
-    return await run_whole_with_retry(sessions, commit, deadline=deadline, what="commit")
+    return await run_whole_with_retry(db_sessions, commit, deadline=deadline, what="commit")
 
 
 async def run_whole_with_retry(
-    sessions: async_sessionmaker[AsyncSession],
+    db_sessions: async_sessionmaker[AsyncSession],
     work: Callable[[OrmSession], T],
     *,
     deadline: float,
@@ -50,7 +50,7 @@ async def run_whole_with_retry(
     backoff = Backoff(FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS)
     while True:
         try:
-            done = await run_whole(sessions, work)
+            done = await run_whole(db_sessions, work)
             if backoff.failures:
                 log.info(f"turn.{what}_recovered", tries=backoff.failures + 1)
             return done

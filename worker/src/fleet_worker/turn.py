@@ -57,7 +57,7 @@ class WorkerDeps:
     """Process-wide resources, built once in the job worker's startup hook."""
 
     settings: Settings
-    sessions: async_sessionmaker[AsyncSession]
+    db_sessions: async_sessionmaker[AsyncSession]
     redis: Redis
     runlog: RunLog
     sandboxes: SandboxProvider
@@ -145,7 +145,7 @@ async def finish_even_if_cancelled(work: Coroutine[Any, Any, T]) -> tuple[T, boo
 async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:
     """queued → running, attempt + 1: from here on this worker owns the Run."""
     return await run_whole(
-        deps.sessions, functools.partial(start_and_load, run_id=run_id, manifests=deps.manifests)
+        deps.db_sessions, functools.partial(start_and_load, run_id=run_id, manifests=deps.manifests)
     )
 
 
@@ -179,7 +179,7 @@ async def hold(deps: WorkerDeps, claim: Claim, cleanup: AsyncExitStack) -> HeldT
     async def still_ours() -> bool:
         # Only a claim bumps the attempt: the same attempt means nobody took the Run over (and a
         # terminal Run at our attempt is our own commit, whose ending we still have to publish).
-        async with deps.sessions() as db:
+        async with deps.db_sessions() as db:
             run = await queries.get_run(db, claim.run_id)
         return run is not None and run.attempt == claim.attempt
 
@@ -227,7 +227,7 @@ async def prepare(deps: WorkerDeps, turn: HeldTurn, cleanup: AsyncExitStack) -> 
     provider = deps.settings.profile.sandbox.provider
     cleanup.push_async_callback(release_when_acquired, deps.sandbox_ops, provider, acquiring)
     conversation = await load_conversation(
-        deps.sessions,
+        deps.db_sessions,
         claim.session_id,
         claim.user_sequence,
         max_turns=rlm.max_history_turns,
@@ -331,13 +331,13 @@ async def settle_and_commit(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome) 
         workspace=workspace,
     )
     try:
-        committed = await commit_with_retry(deps.sessions, settlement, deadline=deadline)
+        committed = await commit_with_retry(deps.db_sessions, settlement, deadline=deadline)
     except Exception as exc:  # the database refused this ending for good, or stayed away too long
         log.error("turn.commit_failed", error_type=type(exc).__name__, exc_info=exc)
         settlement = commit_failed(settlement, terminal)
         sink.events[-1] = settlement.events[-1]  # the terminal that is published instead
         deadline = time.monotonic() + SETTLE_GRACE_SECONDS
-        committed = await commit_with_retry(deps.sessions, settlement, deadline=deadline)
+        committed = await commit_with_retry(deps.db_sessions, settlement, deadline=deadline)
     if not committed:
         log.warning("turn.fenced_out")
         return "fenced"

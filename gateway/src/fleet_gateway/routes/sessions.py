@@ -105,7 +105,7 @@ class SessionController(Controller):
         parent = await load_session(db, session_id)
         await db.commit()  # the fork runs in a transaction of its own (fleet_shared.db.forks)
         title = None if data is None or data.title is msgspec.UNSET else data.title.strip()
-        forked = await fork_session(gw.sessions, parent.id, title)
+        forked = await fork_session(gw.db_sessions, parent.id, title)
         if forked is None:
             raise not_found("session")
         return SessionOut.of(forked, iso)

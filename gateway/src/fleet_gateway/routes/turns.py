@@ -134,7 +134,7 @@ class TurnController(Controller):
             # An unknown session is a 404 before its attachments or skills are looked at. Without
             # them, the claim's own read finds the session: no ORM session at all before the
             # stream, whose first byte would wait for one to be made and closed (ADR 0015).
-            async with gw.sessions() as db:
+            async with gw.db_sessions() as db:
                 canonical = (await load_session(db, canonical)).id
                 limit = gw.settings.profile.storage.max_attachments_per_turn
                 attachments = await check_attachments(db, data, limit)
@@ -220,7 +220,7 @@ async def enqueue(gw: GatewayState, run: Run) -> None:
     except (RedisError, OSError) as exc:
         log.warning("turn.enqueue_failed", error_type=type(exc).__name__)
     try:
-        async with gw.sessions() as db:
+        async with gw.db_sessions() as db:
             withdrawn = await queries.withdraw_claim(db, run.id)
         if not withdrawn:
             return  # a sweeper enqueued it after all, and a worker started it: stream it

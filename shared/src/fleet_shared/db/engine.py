@@ -101,7 +101,7 @@ def sqlite_twin(engine: AsyncEngine) -> SqliteTwin | None:
     return SQLITE_TWINS.get(engine)
 
 
-async def run_whole(sessions: async_sessionmaker[AsyncSession], work: Callable[[Session], T]) -> T:
+async def run_whole(db_sessions: async_sessionmaker[AsyncSession], work: Callable[[Session], T]) -> T:
     """`work`, synchronous ORM code that ends its own transaction, on a session of its own.
 
     On a file SQLite engine it runs whole on the twin, in one hop to a thread: through aiosqlite
@@ -111,11 +111,11 @@ async def run_whole(sessions: async_sessionmaker[AsyncSession], work: Callable[[
 
     A cancel does not stop work already in its thread: the caller learns of it only after the
     work has ended, committed or not (fleet_worker.turn awaits its claim to the end)."""
-    engine = sessions.kw.get("bind")
+    engine = db_sessions.kw.get("bind")
     twin = sqlite_twin(engine) if isinstance(engine, AsyncEngine) else None
     if twin is not None:
         return await twin.run(functools.partial(on_own_session, work=work))
-    async with sessions() as db:
+    async with db_sessions() as db:
         return await db.run_sync(work)
 
 

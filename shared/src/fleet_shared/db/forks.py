@@ -30,10 +30,10 @@ ACTIVE = sorted(status.value for status in ACTIVE_STATUSES)
 
 
 async def fork_session(
-    sessions: async_sessionmaker[AsyncSession], parent_id: str, title: str | None
+    db_sessions: async_sessionmaker[AsyncSession], parent_id: str, title: str | None
 ) -> Session | None:
     """The new session (`title`, or the parent's), or None when there is no such parent."""
-    return await run_whole(sessions, lambda db: fork_on(db, parent_id, title))
+    return await run_whole(db_sessions, lambda db: fork_on(db, parent_id, title))
 
 
 def fork_on(db: OrmSession, parent_id: str, title: str | None) -> Session | None:

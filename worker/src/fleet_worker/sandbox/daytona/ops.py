@@ -60,7 +60,7 @@ def doctor(provider: DaytonaSandboxProvider) -> str:
 
 
 def idle_check(
-    sessions: async_sessionmaker[AsyncSession], loop: asyncio.AbstractEventLoop, idle: timedelta
+    db_sessions: async_sessionmaker[AsyncSession], loop: asyncio.AbstractEventLoop, idle: timedelta
 ) -> Callable[[str | None], bool]:
     """For `DaytonaSandboxProvider.sweep`, from a thread: is this Run over for `idle` or more
     (or unknown)?"""
@@ -68,7 +68,7 @@ def idle_check(
     async def over(run_id: str | None) -> bool:
         if not run_id:
             return True
-        async with sessions() as db:
+        async with db_sessions() as db:
             run = await queries.get_run(db, run_id)
         if run is None:
             return True
@@ -83,18 +83,18 @@ def idle_check(
     return check
 
 
-async def sweep(provider: DaytonaSandboxProvider, sessions: async_sessionmaker[AsyncSession]) -> int:
+async def sweep(provider: DaytonaSandboxProvider, db_sessions: async_sessionmaker[AsyncSession]) -> int:
     idle = timedelta(minutes=provider.cfg.idle_minutes)
-    check = idle_check(sessions, asyncio.get_running_loop(), idle)
+    check = idle_check(db_sessions, asyncio.get_running_loop(), idle)
     return await asyncio.to_thread(provider.sweep, check)
 
 
 async def sweep_forever(
-    provider: DaytonaSandboxProvider, sessions: async_sessionmaker[AsyncSession], every_seconds: float
+    provider: DaytonaSandboxProvider, db_sessions: async_sessionmaker[AsyncSession], every_seconds: float
 ) -> None:
     while True:
         try:
-            await sweep(provider, sessions)
+            await sweep(provider, db_sessions)
         except Exception as exc:  # Daytona or the DB away: next time
             log.warning("daytona.sweep_failed", error_type=type(exc).__name__)
         await asyncio.sleep(every_seconds)
