@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests: a worker harness per test (see harness.py), and a fake
+"""Fixtures of the integration tests: a worker harness per test (see harness.py), the gateway's
+app on the harness's settings (`client`: a module defines `harness` with its script), and a fake
 Daytona on loopback per module that asks for one."""
 
 from __future__ import annotations
@@ -9,10 +10,20 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from litestar.testing import TestClient
 
+from fleet_gateway.app import create_app
 from fleet_shared.db.engine import create_engine, session_factory
 from tests.integration.harness import Harness, make_settings, script
+from tests.support.api import ApiClient
 from tests.support.fake_daytona import FakeDaytona
+
+
+@pytest.fixture
+def client(harness: Harness) -> Iterator[ApiClient]:
+    """The gateway's app on the module's `harness` settings, its lifespan run."""
+    with TestClient(create_app(harness.settings)) as client:
+        yield client
 
 
 @pytest.fixture

@@ -6,14 +6,11 @@ constraints). In-process app, real Redis and both databases."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from litestar.testing import TestClient
 
-from fleet_gateway.app import create_app
 from tests.integration.harness import Harness
 from tests.support.api import ApiClient
 
@@ -49,12 +46,6 @@ async def post_while_working(
 def harness(harness_factory: Any) -> Harness:
     made: Harness = harness_factory(SUBMIT)
     return made
-
-
-@pytest.fixture
-def client(harness: Harness) -> Iterator[ApiClient]:
-    with TestClient(create_app(harness.settings)) as client:
-        yield client
 
 
 async def test_framework_errors_use_the_envelope(client: ApiClient, harness: Harness) -> None:

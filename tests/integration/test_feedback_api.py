@@ -3,14 +3,11 @@ forwarded (no tracing backend), and only for a Run of that session."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from litestar.testing import TestClient
 from sqlalchemy import select
 
-from fleet_gateway.app import create_app
 from fleet_shared.db import queries
 from fleet_shared.db.models import Feedback
 from tests.integration.harness import Harness
@@ -23,12 +20,6 @@ UNKNOWN = "00000000-0000-0000-0000-000000000000"
 def harness(harness_factory: Any) -> Harness:
     made: Harness = harness_factory({"lm": "root", "reasoning": "r", "code": "SUBMIT(answer='ok')"})
     return made
-
-
-@pytest.fixture
-def client(harness: Harness) -> Iterator[ApiClient]:
-    with TestClient(create_app(harness.settings)) as client:
-        yield client
 
 
 async def claimed_run(harness: Harness) -> tuple[str, str]:

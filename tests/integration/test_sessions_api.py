@@ -7,15 +7,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from litestar.testing import TestClient
 from sqlalchemy import func, select, update
 
-from fleet_gateway.app import create_app
 from fleet_gateway.schemas import TurnRequest
 from fleet_shared.db import queries
 from fleet_shared.db.models import Run
@@ -29,12 +26,6 @@ ROOT_SUBMIT = {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='ok')"}
 def harness(harness_factory: Any) -> Harness:
     made: Harness = harness_factory(ROOT_SUBMIT)
     return made
-
-
-@pytest.fixture
-def client(harness: Harness) -> Iterator[ApiClient]:
-    with TestClient(create_app(harness.settings)) as client:
-        yield client
 
 
 def post_turn(client: ApiClient, session_id: str, key: str, text: str = "hi") -> httpx.Response:

@@ -8,15 +8,12 @@ worker reads them from."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from litestar.testing import TestClient
 from sqlalchemy import func, select
 
-from fleet_gateway.app import create_app
 from fleet_shared.db.models import Run
 from tests.integration.harness import Harness
 from tests.support.api import ApiClient, new_session
@@ -29,12 +26,6 @@ ROOT_SUBMIT = {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer='ok')"}
 def harness(harness_factory: Any) -> Harness:
     made: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
     return made
-
-
-@pytest.fixture
-def client(harness: Harness) -> Iterator[ApiClient]:
-    with TestClient(create_app(harness.settings)) as client:
-        yield client
 
 
 def submit(
