@@ -31,6 +31,7 @@ from fleet_shared.db.workspace_versions import WorkspaceChange, add_manifest_on,
 from fleet_shared.manifests import FileEntry, Manifest, object_key
 from tests.integration.harness import Harness
 from tests.support.blob_ages import AGE, Store, local_store, moto_server, s3_store
+from tests.support.manifests import manifest_entries
 
 GRACE = timedelta(hours=1)
 Sessions = async_sessionmaker[AsyncSession]
@@ -399,5 +400,5 @@ async def test_a_turns_commit_keeps_the_configured_versions(harness_factory: Har
     async with harness.db_sessions() as db:
         latest = await workspace_versions.version_row(db, session.workspace_id)
         assert latest is not None
-        kept = await workspace_versions.manifest_entries(db, latest.manifest_sha256)
+        kept = await manifest_entries(db, latest.manifest_sha256)
     assert kept is not None and [e.sha256 for e in kept.entries] == [sha(b"three")]

@@ -24,6 +24,7 @@ from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.daytona.provider import DaytonaAccess, DaytonaSandboxProvider, daytona_provider
 from fleet_worker.sandbox.errors import CellInterrupted, CellTimeout, SandboxUnavailable
 from tests.support.fake_daytona import FakeDaytona
+from tests.support.manifests import manifest_entries
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "dtn-test-key-must-not-leak"
@@ -366,7 +367,7 @@ async def test_whole_turns_run_in_daytona_and_keep_the_workspace_as_versions(
         assert session is not None
         first = await workspace_versions.version_row(db, session.workspace_id)
         assert first is not None and (first.version, first.run_id) == (1, run_id)
-        manifest = await workspace_versions.manifest_entries(db, first.manifest_sha256)
+        manifest = await manifest_entries(db, first.manifest_sha256)
     [artifact] = [e for e in await harness.events(run_id) if isinstance(e, ArtifactCreated)]
     assert artifact.name == "reply.txt" and artifact.byte_size == len("hello from the sub-LM")
     labelled = [s for s in fake_daytona.sandboxes.values() if s.labels.get("fleet.run") == run_id]

@@ -20,6 +20,7 @@ from fleet_shared.config import ResolvedBlobs, Settings
 from fleet_shared.db import queries, workspace_versions
 from fleet_shared.manifests import object_key
 from tests.integration.harness import Harness
+from tests.support.manifests import manifest_entries
 from tests.support.servers import free_port
 
 HarnessFactory = Callable[..., Harness]
@@ -113,7 +114,7 @@ async def test_a_session_moves_between_workers_that_share_no_disk(
         assert session is not None
         v1 = await workspace_versions.version_row(db, session.workspace_id)
         assert v1 is not None and (v1.version, v1.run_id) == (1, wrote)
-        manifest = await workspace_versions.manifest_entries(db, v1.manifest_sha256)
+        manifest = await manifest_entries(db, v1.manifest_sha256)
     assert manifest is not None
     files = {e.path: e for e in manifest.entries}
     assert sorted(files) == ["memory/deep/er/kept.bin", "memory/note.txt"]  # no link, no folder
@@ -140,7 +141,7 @@ async def test_a_session_moves_between_workers_that_share_no_disk(
         v1_again = await workspace_versions.version_row(db, session.workspace_id, version=1)
         latest = await workspace_versions.version_row(db, session.workspace_id)
         assert v1_again is not None and latest is not None and latest.version == 3
-        old = await workspace_versions.manifest_entries(db, v1_again.manifest_sha256)
+        old = await manifest_entries(db, v1_again.manifest_sha256)
     assert old is not None and {e.path: e.sha256 for e in old.entries}["memory/note.txt"] == note.sha256
 
 

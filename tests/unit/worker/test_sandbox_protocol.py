@@ -36,10 +36,19 @@ from fleet_worker.sandbox.protocol import (
     encode_frame,
     json_fallback,
     read_frame,
-    write_frame,
+    write_all,
 )
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def write_frame(target: int | io.BytesIO, message: dict[str, object]) -> None:
+    """One frame to an fd or a buffer, as the host writes them (encode_frame, then write_all)."""
+    data = encode_frame(message)
+    if isinstance(target, int):
+        write_all(target, data, None)
+    else:
+        target.write(data)
 
 
 @pytest.fixture

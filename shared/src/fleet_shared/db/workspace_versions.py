@@ -91,11 +91,6 @@ async def version_row(
     return row
 
 
-async def manifest_entries(db: AsyncSession, sha256: str) -> Manifest | None:
-    entries = await db.scalar(select(WorkspaceManifest.entries).where(WorkspaceManifest.sha256 == sha256))
-    return Manifest.decode(entries) if entries is not None else None
-
-
 def record_on(db: OrmSession, change: WorkspaceChange, run_id: str | None) -> bool:
     """The next version, in the caller's transaction, only over the version the Run read: a
     stale version never overwrites a newer one (False, and nothing is recorded)."""

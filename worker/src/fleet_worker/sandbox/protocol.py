@@ -51,26 +51,6 @@ def decode_payload(payload: bytes) -> dict[str, Any]:
     return message
 
 
-def write_frame(target: int | BinaryIO, message: Mapping[str, Any], *, deadline: float | None = None) -> None:
-    """Write one frame to an fd or binary file; `deadline` is a time.monotonic() instant."""
-    data = encode_frame(message)
-    if isinstance(target, int):
-        write_all(target, data, deadline)
-        return
-    try:
-        if deadline is not None:
-            write_all(target.fileno(), data, deadline)
-            return
-        view = memoryview(data)
-        while view:
-            # Raw (unbuffered) files may accept only part of the data per call.
-            written = target.write(view)
-            view = view[written or 0 :]
-        target.flush()
-    except (OSError, ValueError) as exc:
-        raise SandboxCrashed(f"cannot write to the REPL: {exc}") from exc
-
-
 def read_frame(
     source: int | BinaryIO,
     deadline: float | None = None,
