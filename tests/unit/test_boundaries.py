@@ -4,6 +4,8 @@ and where private names of dependencies may appear."""
 from __future__ import annotations
 
 import ast
+import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,3 +132,21 @@ def test_the_scan_sees_each_kind_of_private_use() -> None:
     for source, expected in cases.items():
         assert expected in set(private_uses(ast.parse(source))), source
     assert not set(private_uses(ast.parse("import os\nos._exit(0)\nclass A:\n    def _b(self): self._c = 1")))
+
+
+def test_no_product_function_exists_only_for_tests() -> None:
+    """A top-level function or class of the product that no product module uses, but a test
+    does, is a test helper living in the product: it belongs under tests/."""
+    sources = {path: path.read_text() for package in PACKAGES for path in package.rglob("*.py")}
+    product_words = Counter(re.findall(r"\w+", "\n".join(sources.values())))
+    test_files = (path for path in (REPO / "tests").rglob("*.py") if "node_modules" not in path.parts)
+    test_words = set(re.findall(r"\w+", "\n".join(path.read_text() for path in test_files)))
+    only_for_tests = [
+        f"{path.relative_to(REPO)}: {node.name}"
+        for path, text in sources.items()
+        for node in ast.parse(text).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and product_words[node.name] == 1  # its definition, and no use
+        and node.name in test_words
+    ]
+    assert only_for_tests == []
