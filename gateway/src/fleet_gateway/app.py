@@ -179,7 +179,7 @@ def request_client(settings: Settings) -> Redis:
         retry=retry_policy(REDIS_RETRIES),
         retry_on_error=list(RETRY_ON_CONNECTION),
     )
-    client: Redis = Redis(connection_pool=pool)
+    client: Redis = Redis.from_pool(pool)  # its close closes the pool (the job queue shares it)
     return client
 
 
