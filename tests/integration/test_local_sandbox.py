@@ -105,6 +105,17 @@ def test_state_persists_across_cells(session: ReplSession) -> None:
     assert ok(session, "print(counter, math.pi > 3)") == "3 True\n"
 
 
+def test_a_new_repl_has_loaded_no_module_it_does_not_need(session: ReplSession) -> None:
+    # Each Turn starts a REPL: what its start imports is every Turn's latency and worker CPU.
+    # These pull in re, enum or functools (~15 ms a start), or ctypes' type layer (~2 ms);
+    # a cell may import them itself.
+    heavy = ["collections", "contextlib", "ctypes", "enum", "functools", "json", "re", "threading"]
+    heavy.append("traceback")
+    code = f"import sys\nprint([name for name in {heavy!r} if name in sys.modules])"
+    assert ok(session, code) == "[]\n"
+    assert ok(session, "import json, threading\nprint(json.dumps({'a': [1]}))") == '{"a": [1]}\n'
+
+
 def test_variables_are_injected(session: ReplSession) -> None:
     variables = {"context": {"docs": ["a", "b"]}, "n": 3, "path": Path("/x/y")}
     assert ok(session, "print(context['docs'][n - 2], n, path)", variables=variables) == "b 3 /x/y\n"

@@ -203,7 +203,8 @@ MALFORMED = ["", "   ", "{", '{"a": 1} x', "[1,]", '{"a": NaNx}', "\x00", '"abc'
 
 
 def test_driver_json_refuses_what_json_refuses() -> None:
-    # In its own `python -I -S`, as in the jail.
+    # In its own `python -I -S`, as in the jail: the json package is not loaded there, and the C
+    # scanner's error for a malformed value depends on it (a SystemError on 3.11 without it).
     import json
 
     for text in MALFORMED:
@@ -214,6 +215,7 @@ import importlib.util, sys
 spec = importlib.util.spec_from_file_location("driver", {str(DRIVER_SOURCE)!r})
 driver = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(driver)
+assert "json" not in sys.modules and "json.decoder" not in sys.modules
 for text in {MALFORMED!r}:
     try:
         driver.decode_json(text)

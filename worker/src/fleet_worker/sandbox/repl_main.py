@@ -17,19 +17,20 @@ Host → supervisor: `execute`, `tool_result`, `shutdown`. Supervisor → host: 
 
 from __future__ import annotations
 
-# Public stdlib modules only (ADR 0035): a REPL starts when its lease is made, while the root
-# LM's first call is in flight, so what its imports cost is off a real Turn's path.
+# Every REPL start imports these, inside the Turn's latency and the worker's CPU: C modules where
+# the stdlib module would pull in more (`socket`, `signal` and `threading` load enum and
+# functools; `json` loads re; `contextlib` loads collections). ADR 0019 has the measurement.
+import _json
+import _signal  # type: ignore[import-not-found]  # no stub: the C half of `signal`
+import _socket
+import _thread
 import builtins
 import io
-import json
 import os
 import resource
 import select
-import signal
-import socket
 import struct
 import sys
-import threading
 import types
 
 # `typing` is for the type checker only; `traceback` is imported by the first cell that fails.
@@ -65,16 +66,43 @@ class suppress:  # contextlib.suppress, without importing contextlib
         return kind is not None and issubclass(kind, self.kinds)
 
 
+class JsonOptions:
+    """What the stdlib's C JSON scanner reads from json.JSONDecoder: json.loads' defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}.__getitem__
+
+
+# The C codec that json.dumps and json.loads run on, used without the json package (its modules
+# import re). Same text as json.dumps(value, default=jsonable, separators=(",", ":")): ASCII
+# only, NaN and Infinity allowed, a cycle refused; the same values as json.loads.
+SCAN_JSON = _json.make_scanner(JsonOptions)  # type: ignore[arg-type]  # it reads these attributes
+JSON_WHITESPACE = " \t\n\r"
+
+
 def encode_json(value: object) -> str:
-    """ASCII only, NaN and Infinity allowed, a cycle refused (ValueError)."""
-    return json.dumps(value, default=jsonable, separators=(",", ":"))
+    encoder = _json.make_encoder(
+        {}, jsonable, _json.encode_basestring_ascii, None, ":", ",", False, False, True
+    )  # a fresh one each time: its record of the containers it is inside must start empty
+    return "".join(encoder(value, 0))
 
 
 def decode_json(text: str) -> Any:
+    text = text.strip(JSON_WHITESPACE)
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError):  # malformed, extra data, or nested too deep: unreadable
+        value, end = SCAN_JSON(text, 0)
+    except Exception:
+        # StopIteration where no value starts; for a malformed one, the scanner raises the error
+        # class of json.decoder, and CPython 3.11's finds it only if json is loaded (it is not
+        # here: a SystemError then); a RecursionError for one nested too deep. All: unreadable.
         raise ValueError("malformed JSON") from None
+    if end != len(text):
+        raise ValueError("extra data after the JSON value")
+    return value
 
 
 class Submitted(BaseException):
@@ -92,7 +120,7 @@ class Channel:
         self.fd_in = fd_in
         self.fd_out = fd_out
         # A cell's threads may call tools too: one call (its frame out, its reply in) at a time.
-        self.lock = threading.Lock()
+        self.lock = _thread.allocate_lock()
         # Why receive() last gave None for a frame that arrived ("" for EOF): what the frame broke.
         self.refused = ""
 
@@ -321,7 +349,7 @@ def jsonable(value: object) -> object:
 def child_main(sock: int) -> NoReturn:
     """The interpreter: stdout/stderr are the output pipe (fds 1 and 2), frames go to the supervisor."""
     with suppress(OSError):
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the supervisor
+        prctl(PR_SET_PDEATHSIG, _signal.SIGKILL)  # never outlive the supervisor
         # Dumpable again (fork kept the supervisor's setting): the cell may read its own
         # /proc/self; nothing of the supervisor's is in this process any more.
         prctl(PR_SET_DUMPABLE, 1)
@@ -410,7 +438,7 @@ WAITPID = os.waitpid  # the C function, whatever a cell makes of os.waitpid
 
 
 def note_kill(pid: int, status: int) -> None:
-    killed = pid > 0 and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    killed = pid > 0 and os.WIFSIGNALED(status) and os.WTERMSIG(status) == _signal.SIGKILL
     if killed and len(KILLED) < MAX_KILLED:
         KILLED.append(pid)
 
@@ -455,7 +483,7 @@ class Supervisor:
     def start_child(self) -> None:
         # A socket, not pipes: a cell may reopen its own pipes through /proc/self/fd and write
         # frames into its own input; a socket cannot be opened that way.
-        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        parent_end, child_end = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:  # the child: nothing of the host channel survives into it
             try:
@@ -496,9 +524,9 @@ class Supervisor:
         if len(frame) <= QUEUED_REQUEST_BYTES:
             # Queued while the child is still stopped, so SIGCONT wakes it once, to read it.
             self.write_to_child(frame)
-            signal_child(self.child_pid, signal.SIGCONT)
+            signal_child(self.child_pid, _signal.SIGCONT)
         else:  # it could fill the socket: a stopped child would never drain it
-            signal_child(self.child_pid, signal.SIGCONT)
+            signal_child(self.child_pid, _signal.SIGCONT)
             self.write_to_child(frame)
         while True:
             message = self.next_from_child()
@@ -527,7 +555,7 @@ class Supervisor:
                 # nothing of the sandbox runs, writes to the workspace or prints. Stopped first,
                 # and waited for, so that no thread of it starts a process while the leftovers
                 # are looked for and killed.
-                signal_child(self.child_pid, signal.SIGSTOP)
+                signal_child(self.child_pid, _signal.SIGSTOP)
                 result = self.encoded_result(message, request_id)  # while the child stops
                 if not (await_stop(self.child_pid) and self.census.alone()):
                     kill_leftovers(keep=self.child_pid)
@@ -624,14 +652,14 @@ def end_child(pid: int) -> str:
         select.select([], [], [], 0.05)
     else:
         with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, _signal.SIGKILL)
         with suppress(ChildProcessError):
             os.waitpid(pid, 0)
         return "closed its channel and was killed"
     assert status is not None
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        hint = " (out of memory, or killed)" if number == signal.SIGKILL else ""
+        hint = " (out of memory, or killed)" if number == _signal.SIGKILL else ""
         return f"died by signal {signal_name(number)}{hint}"
     return f"exited with status {os.WEXITSTATUS(status)}"
 
@@ -746,7 +774,7 @@ def kill_leftovers(keep: int) -> None:
             return
         for pid in alive:
             with suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, _signal.SIGKILL)
 
 
 def runs(pid: int) -> bool:
@@ -792,12 +820,38 @@ def descendants(root: int) -> set[int]:
     return found
 
 
-def prctl(option: int, value: int) -> None:
-    """prctl(2) through ctypes."""
-    import ctypes
+LIBC_PRCTL: Any = None  # prctl's function pointer, once looked up
 
-    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl failed")
+
+def prctl(option: int, value: int) -> None:
+    """prctl(2) through `_ctypes`, the C half of ctypes: `import ctypes` costs more CPU at every
+    REPL start (ADR 0019) for a type layer this one call does not need. The function is looked
+    up once per process."""
+    global LIBC_PRCTL  # noqa: PLW0603
+    if LIBC_PRCTL is None:
+        LIBC_PRCTL = libc_prctl()
+    if LIBC_PRCTL(option, value, 0, 0, 0) != 0:
+        import _ctypes
+
+        raise OSError(_ctypes.get_errno(), "prctl failed")
+
+
+def libc_prctl() -> Any:
+    """The C library's prctl as a callable, as ctypes.CDLL(None, use_errno=True).prctl is."""
+    import _ctypes
+
+    # The ignores: typeshed describes these through ctypes' own classes, which are not loaded.
+    class CInt(_ctypes._SimpleCData):  # type: ignore[type-arg]  # ctypes.c_int
+        _type_ = "i"
+
+    class LibcFunction(_ctypes.CFuncPtr):  # a function of CDLL(None, use_errno=True)
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = CInt
+
+    class Libc:  # what CFuncPtr reads from a ctypes.CDLL: the dlopen handle
+        _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # None: the program itself
+
+    return LibcFunction(("prctl", Libc()))  # type: ignore[arg-type]
 
 
 def fatal(reason: str) -> NoReturn:
@@ -809,7 +863,7 @@ def fatal(reason: str) -> NoReturn:
 def apply_limits(memory_mb: int, max_processes: int, max_file_mb: int) -> None:
     """Cap address space, processes and file size for this process and everything it starts."""
     # Oversized writes must fail with EFBIG in the cell, not kill the REPL with SIGXFSZ.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
     for limit, value in (
         (resource.RLIMIT_AS, memory_mb * 1024 * 1024),
         (resource.RLIMIT_FSIZE, max_file_mb * 1024 * 1024),
@@ -852,7 +906,7 @@ def main() -> int:
     try:
         prctl(PR_SET_DUMPABLE, 0)  # /proc/<this pid>/fd is closed to every other process
         prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a cell become ours, to be killed
-    except Exception as exc:  # OSError, or a C library without prctl: never run unsecured
+    except Exception as exc:  # OSError, or a _ctypes that changed: never run unsecured
         fatal(f"cannot secure the supervisor: {type(exc).__name__}: {exc}")
     apply_limits(options["--memory-mb"], options["--max-processes"], options["--max-file-mb"])
     host = Channel(frame_in, frame_out)
