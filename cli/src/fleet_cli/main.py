@@ -9,6 +9,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 
 import structlog
 
@@ -22,27 +23,31 @@ from fleet_shared.logging import configure_logging
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleet", description="fleet: a runtime for RLMs")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"fleet {version('fleet-cli')}")
+    commands = parser.add_subparsers(dest="command", metavar="command")
 
-    up = commands.add_parser("up", help="the embedded stack: Redis, SQLite, gateway and workers")
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        """A subcommand whose `--help` starts with the line `fleet --help` lists for it."""
+        return commands.add_parser(name, help=summary, description=summary)
+
+    up = command("up", "the embedded stack: Redis, SQLite, gateway and workers")
     up.add_argument("--profile", help="config profile (default: the file's default_profile)")
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--port", type=int, default=8000)
-    up.add_argument("--workers", type=int, default=1, help="worker processes")
+    listen_address(up)
+    up.add_argument("--workers", type=int, default=1, help="worker processes (default: %(default)s)")
 
-    cli = commands.add_parser(
-        "cli", help="the terminal client, on the embedded stack (or on a running gateway with --api-url)"
+    cli = command(
+        "cli", "the terminal client, on the embedded stack (or on a running gateway with --api-url)"
     )
     cli.add_argument("--profile", help="config profile for the embedded stack")
-    cli.add_argument("--host", default="127.0.0.1")
-    cli.add_argument("--port", type=int, default=8000)
+    listen_address(cli)
     cli.add_argument("--api-url", help="use this running gateway instead of starting a stack")
     cli.add_argument("--session", help="continue this session")
 
-    gateway = commands.add_parser("gateway", help="serve the HTTP gateway with Granian")
-    gateway.add_argument("--host", default="127.0.0.1")
-    gateway.add_argument("--port", type=int, default=8000)
-    gateway.add_argument("--workers", type=int, default=1, help="Granian worker processes")
+    gateway = command("gateway", "serve the HTTP gateway with Granian")
+    listen_address(gateway)
+    gateway.add_argument(
+        "--workers", type=int, default=1, help="Granian worker processes (default: %(default)s)"
+    )
     gateway.add_argument(
         "--allow-non-loopback-bind",
         action="store_true",
@@ -54,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve /api off loopback without an API token (a trusted proxy authenticates)",
     )
 
-    worker = commands.add_parser("worker", help="run one worker process (it takes Turns from the job queue)")
+    worker = command("worker", "run one worker process (it takes Turns from the job queue)")
     worker.add_argument("--concurrency", type=int, help="Turns at once (default: worker.concurrency)")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     worker.add_argument(
@@ -66,21 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of /metrics and /health, 0 for none (default: worker.metrics_port)",
     )
 
-    daytona = commands.add_parser("daytona", help="Daytona sandboxes (sandbox.provider = daytona)")
+    daytona = command("daytona", "Daytona sandboxes (sandbox.provider = daytona)")
     daytona_commands = daytona.add_subparsers(dest="daytona_command", required=True)
     daytona_commands.add_parser("snapshot", help="build the REPL's snapshot (sandbox.daytona.snapshot)")
     daytona_commands.add_parser("sweep", help="delete the sandboxes of idle sessions now")
 
-    doctor = commands.add_parser(
-        "doctor", help="check the config, database, Redis, sandbox and provider; print a fix for each failure"
+    doctor = command(
+        "doctor", "check the config, database, Redis, sandbox and provider; print a fix for each failure"
     )
     doctor.add_argument("--json", action="store_true", help="print the checks as one JSON document")
     doctor_commands = doctor.add_subparsers(dest="doctor_command", required=False)
     doctor_commands.add_parser("daytona", help="create a disposable sandbox, run a cell, delete it")
 
-    gc = commands.add_parser(
-        "gc", help="remove stored objects and manifests nothing refers to, older than a grace period"
-    )
+    gc = command("gc", "remove stored objects and manifests nothing refers to, older than a grace period")
     gc.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
     gc.add_argument(
         "--grace-seconds",
@@ -93,15 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="run without Redis and its lock (only when no other gc can run: no worker is up)",
     )
 
-    db = commands.add_parser("db", help="database schema")
+    db = command("db", "the database schema: migrate it, or check it is current")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     db_commands.add_parser("upgrade", help="migrate the database to head")
     db_commands.add_parser("check", help="exit 1 unless the database is at head")
     return parser
 
 
+def listen_address(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # a bare `fleet`: what it can do
+        parser.print_help()
+        sys.exit(0)
     try:
         code = dispatch(args)
     except ConfigError as exc:

@@ -79,8 +79,8 @@ def test_worker_rejects_zero_concurrency(
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["serve"], ["gateway", "--port", "eighty"], ["db"], ["up", "--workers", "many"]],
-    ids=["no-command", "unknown-command", "bad-port", "db-without-subcommand", "bad-workers"],
+    [["serve"], ["gateway", "--port", "eighty"], ["db"], ["up", "--workers", "many"]],
+    ids=["unknown-command", "bad-port", "db-without-subcommand", "bad-workers"],
 )
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_code(argv) == 2
@@ -171,3 +171,35 @@ def test_worker_refuses_a_blank_metrics_host(
 def test_gc_rejects_a_negative_grace(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_code(["gc", "--grace-seconds", "-1"]) == 2
     assert capsys.readouterr().err == "fleet: --grace-seconds must be 0 or more\n"
+
+
+def test_a_bare_fleet_shows_the_commands_and_succeeds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_code([]) == 0
+    shown = capsys.readouterr().out
+    assert "usage: fleet" in shown
+    for command in ("up", "cli", "gateway", "worker", "doctor", "gc", "db"):
+        assert f"    {command}" in shown
+
+
+def test_fleet_version_names_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    assert exit_code(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"fleet {version('fleet-cli')}"
+
+
+@pytest.mark.parametrize("command", ["up", "cli", "gateway"])
+def test_host_and_port_say_what_they_are_and_their_defaults(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert exit_code([command, "--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--host HOST address to listen on (default: 127.0.0.1)" in shown
+    assert "--port PORT port to listen on (default: 8000)" in shown
+
+
+@pytest.mark.parametrize("command", ["up", "cli", "gateway", "worker", "daytona", "doctor", "gc", "db"])
+def test_each_command_s_help_says_what_it_does(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_code([command, "--help"]) == 0
+    description = capsys.readouterr().out.split("\n\n")[1]
+    assert not description.startswith(("options:", "positional arguments:")), description
