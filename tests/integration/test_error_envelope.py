@@ -78,14 +78,16 @@ async def test_framework_errors_use_the_envelope(client: ApiClient, harness: Har
     schema = client.post(turns, json={"text": 5}, headers={"Idempotency-Key": "a"})
     assert "text" in assert_envelope(schema, 422, "validation_error")["message"]
     unknown_field = client.post(turns, json={"text": "hi", "model": "x"}, headers={"Idempotency-Key": "a"})
-    assert_envelope(unknown_field, 422, "validation_error")
+    unknown = assert_envelope(unknown_field, 422, "validation_error")["message"]
+    assert unknown == "the request body has a field this endpoint does not take: `model`"
     body_limit = harness.settings.profile.gateway.limits.max_body_bytes
     oversize = client.post(
         turns,
         content=b'{"text": "' + b"a" * body_limit + b'"}',
         headers={"content-type": "application/json", "Idempotency-Key": "a"},
     )
-    assert_envelope(oversize, 413, "payload_too_large")
+    too_large = assert_envelope(oversize, 413, "payload_too_large")["message"]
+    assert too_large == f"the request body is over the limit of {body_limit} bytes"
     # Nothing above created a Run: the session takes a Turn with the same key.
     ok = await post_while_working(client, harness, turns, {"Idempotency-Key": "a"})
     assert ok.status_code == 200 and ok.headers["x-fleet-run-id"]

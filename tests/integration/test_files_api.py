@@ -577,3 +577,22 @@ def test_artifact_content_ranges_etag_and_headers(
     assert client.get(f"/api/artifacts/{uuid.uuid4()}/content").status_code == 404
     (settings.blobs_dir / "artifacts" / artifact_id).unlink()
     assert client.get(url).status_code == 404  # the row outlived its bytes: no half response
+
+
+@pytest.mark.parametrize(
+    ("filename", "sent", "stored"),
+    [
+        ("README.md", "application/octet-stream", "text/markdown"),
+        ("data.csv", None, "text/csv"),
+        ("notes.txt", "application/octet-stream", "text/plain"),
+        ("report.json", "application/zip", "application/zip"),  # what the client said, when it said something
+        ("blob.unknownext", "application/octet-stream", "application/octet-stream"),
+    ],
+)
+def test_an_upload_without_a_real_media_type_gets_one_from_its_name(
+    client: ApiClient, filename: str, sent: str | None, stored: str
+) -> None:
+    part = (filename, b"# hello\n", sent) if sent else (filename, b"# hello\n")
+    response = client.post("/api/attachments", files={"attachment": part}, headers=UPLOAD)
+    assert response.status_code == 201, response.text
+    assert response.json()["media_type"] == stored

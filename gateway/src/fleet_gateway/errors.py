@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import structlog
@@ -54,6 +55,10 @@ def handle_validation(_request: Request[Any, Any, Any], exc: ValidationException
 
 # Litestar reports a header by its Python parameter name; clients know the header's.
 HEADER_PARAMETERS = {"idempotency_key": "Idempotency-Key"}
+# msgspec's words for a field the body's type does not have, with where it sits ("$.a[0]").
+UNKNOWN_FIELD = re.compile(
+    r"Object contains unknown field `(?P<name>[^`]+)`(?: - at `\$\.?(?P<path>[^`]*)`)?"
+)
 
 
 def shown_name(key: str) -> str:
@@ -63,7 +68,7 @@ def shown_name(key: str) -> str:
 def describe_validation(exc: ValidationException) -> str:
     extra = exc.extra if isinstance(exc.extra, list) else []
     details = [
-        f"{shown_name(item.get('key') or item.get('source') or 'body')}: {item.get('message')}"
+        describe_problem(item.get("key") or item.get("source") or "body", str(item.get("message")))
         for item in extra
         if isinstance(item, dict) and item.get("message")
     ]
@@ -74,14 +79,27 @@ def describe_validation(exc: ValidationException) -> str:
     return str(exc.detail)
 
 
-def handle_http(_request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+def describe_problem(key: str, message: str) -> str:
+    unknown = UNKNOWN_FIELD.fullmatch(message)
+    if unknown is None:
+        return f"{shown_name(key)}: {message}"
+    field = ".".join(part for part in (unknown["path"], unknown["name"]) if part)
+    return f"the request body has a field this endpoint does not take: `{field}`"
+
+
+def handle_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     status = exc.status_code
     if isinstance(exc.__cause__, SerializationException):  # the body could not be decoded at all
         return envelope(422, "validation_error", f"the request body is not valid JSON: {exc.detail}")
     code = STATUS_CODES.get(status, "error")
     message = str(exc.detail) if exc.detail else code.replace("_", " ")
     if status == 413:
-        message = "the request body is too large"
+        limit = request.route_handler.resolve_request_max_body_size()
+        message = (
+            f"the request body is over the limit of {limit} bytes"
+            if limit
+            else "the request body is too large"
+        )
     return envelope(status, code, message, exc.headers)
 
 

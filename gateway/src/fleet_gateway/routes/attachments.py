@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import mimetypes
 import os
 import re
 import tempfile
@@ -49,6 +50,32 @@ def clean_filename(raw: str | None) -> str:
 def clean_media_type(raw: str | None) -> str:
     media_type = (raw or "").strip().lower()
     return media_type if MEDIA_TYPE.match(media_type) else "application/octet-stream"
+
+
+# Python's own table (never the host's /etc/mime.types: the same answer on every pod), with the
+# text formats an RLM is most often given that it lacks.
+MEDIA_TYPES = mimetypes.MimeTypes(filenames=())
+for extension, known in {
+    ".md": "text/markdown",
+    ".markdown": "text/markdown",
+    ".yaml": "application/yaml",
+    ".yml": "application/yaml",
+    ".toml": "application/toml",
+    ".jsonl": "application/jsonl",
+    ".log": "text/plain",
+}.items():
+    MEDIA_TYPES.add_type(known, extension)
+
+
+def media_type_of(raw: str | None, filename: str) -> str:
+    """What the client said, unless it said nothing useful (`curl -F` sends octet-stream for
+    any file): then what the file's name says, if anything."""
+    media_type = clean_media_type(raw)
+    if media_type == "application/octet-stream":
+        guessed, _encoding = MEDIA_TYPES.guess_type(filename, strict=False)
+        if guessed and MEDIA_TYPE.match(guessed):
+            return guessed
+    return media_type
 
 
 @dataclass
@@ -106,9 +133,10 @@ class Upload:
         await asyncio.to_thread(self.handle.close)
         assert self.path is not None
         segment, self.segment, self.handle = self.segment, None, None
+        filename = clean_filename(segment.filename)
         self.done = Received(
-            filename=clean_filename(segment.filename),
-            media_type=clean_media_type(segment.content_type),
+            filename=filename,
+            media_type=media_type_of(segment.content_type, filename),
             size=self.size,
             sha256=self.hasher.hexdigest(),
             path=self.path,
