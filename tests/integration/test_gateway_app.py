@@ -240,3 +240,34 @@ def test_a_scan_slower_than_the_probe_deadline_still_serves_later_probes(
         later = [client.get("/ready").json()["details"]["sandbox"] for _ in range(5)]
         assert scans() - before == 1
     assert all(detail.startswith("unknown: no worker") for detail in later), later
+
+
+def test_ready_shows_a_worker_s_sandbox_as_soon_as_the_worker_is_alive(
+    database_url: str, redis_url: str
+) -> None:
+    """Found in first-run testing: for a while after start, /ready said the sandbox was "unknown: no
+    worker has reported" while its own worker check said ok (the answer from before the worker
+    came up was kept)."""
+    import redis as sync_redis
+
+    from fleet_shared import redis_keys
+    from fleet_shared.jobs import health_key
+
+    redis_url = redis_url.rsplit("/", 1)[0] + "/12"  # no other test's workers in this database
+    settings = settings_for(database_url, redis_url)
+    with TestClient(create_app(settings)) as client:
+        before = client.get("/ready").json()
+        assert before["checks"]["worker"] != "ok"
+        assert before["details"]["sandbox"].startswith("unknown: no worker")
+        announcer = sync_redis.Redis.from_url(redis_url)
+        try:  # what a worker writes as it comes up: its sandbox mode, then arq's health key
+            announcer.set(redis_keys.worker_sandbox("host:1"), "bwrap (test)", ex=30)
+            announcer.set(health_key(settings.profile.worker.queue_name), "alive", ex=30)
+            after = client.get("/ready").json()
+        finally:
+            announcer.delete(
+                redis_keys.worker_sandbox("host:1"), health_key(settings.profile.worker.queue_name)
+            )
+            announcer.close()
+    assert after["checks"]["worker"] == "ok"
+    assert after["details"]["sandbox"] == "bwrap (test)"

@@ -23,6 +23,7 @@ VERSION = version("fleet-gateway")
 CHECK_TIMEOUT_SECONDS = 2.0
 # Workers announce their sandbox mode every 10 s (with a 30 s expiry); a detail this old is fine.
 SANDBOX_MODES_CACHE_SECONDS = 10.0
+NO_WORKER_REPORTED = "unknown: no worker has reported"
 
 
 @get(["/health"], exclude_from_auth=True)
@@ -38,7 +39,7 @@ async def ready(gw: NamedDependency[GatewayState]) -> Response[Health]:
     )
     checks = dict(zip(names, results, strict=True))
     ok = all(result == "ok" for result in results)
-    details = {"sandbox": await bounded(sandbox_modes(gw))}
+    details = {"sandbox": await bounded(sandbox_modes(gw, worker_alive=checks["worker"] == "ok"))}
     body = Health(status="ok" if ok else "unavailable", version=VERSION, checks=checks, details=details)
     return Response(body, status_code=200 if ok else 503)
 
@@ -73,11 +74,14 @@ async def check_redis(gw: GatewayState) -> str:
     return "ok"
 
 
-async def sandbox_modes(gw: GatewayState) -> str:
+async def sandbox_modes(gw: GatewayState, *, worker_alive: bool) -> str:
     """What isolation the live workers' sandboxes get (each worker announces its own). Finding the
     announcements SCANs the whole keyspace, so probes read the last answer while one background
-    task refreshes it; a SCAN slower than the probe's deadline still finishes and is kept."""
+    task refreshes it; a SCAN slower than the probe's deadline still finishes and is kept. An
+    answer of "no worker" is not kept once a worker is alive: it announced its sandbox first."""
     cached = gw.sandbox_modes_cache
+    if cached is not None and worker_alive and cached[1] == NO_WORKER_REPORTED:
+        cached = gw.sandbox_modes_cache = None
     if cached is not None and cached[0] > time.monotonic():
         return cached[1]
     refresh = gw.sandbox_modes_refresh
@@ -100,7 +104,7 @@ async def scan_sandbox_modes(gw: GatewayState) -> str:
         modes = {value.decode() for value in await gw.probe.mget(keys) if value} if keys else set()
     except (RedisError, OSError):
         return "unknown: redis unreachable"
-    return "; ".join(sorted(modes)) or "unknown: no worker has reported"
+    return "; ".join(sorted(modes)) or NO_WORKER_REPORTED
 
 
 async def check_worker(gw: GatewayState) -> str:
