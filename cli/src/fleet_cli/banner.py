@@ -10,6 +10,7 @@ from fleet_shared.config import Settings
 BOLD = "\x1b[1m"
 DIM = "\x1b[2m"
 RESET = "\x1b[0m"
+TRY_A_TURN = "Try a Turn"  # a heading of the README
 
 
 def lm_label(settings: Settings) -> str:
@@ -21,7 +22,7 @@ def lm_label(settings: Settings) -> str:
 
 
 def try_it_hint(url: str) -> str:
-    return f"uv run fleet cli --api-url {url}   (or curl: README, 'Try a Turn')"
+    return f"uv run fleet cli --api-url {url}   (or curl: README, '{TRY_A_TURN}', with FLEET={url})"
 
 
 def startup_banner(url: str, settings: Settings, *, color: bool) -> str:

@@ -44,3 +44,14 @@ class Terminal(io.StringIO):
 def test_colour_only_at_a_terminal(stream: io.StringIO, coloured: bool) -> None:
     print_banner("http://127.0.0.1:8000", settings("offline"), stream)
     assert ("\x1b[1m" in stream.getvalue()) is coloured
+
+
+def test_the_banner_points_to_a_readme_section_that_exists_and_its_curl_lines_take_the_url() -> None:
+    from fleet_cli.banner import TRY_A_TURN
+
+    text = startup_banner("http://127.0.0.1:8123", settings("offline"), color=False)
+    assert f"'{TRY_A_TURN}', with FLEET=http://127.0.0.1:8123" in text
+    readme = (REPO / "README.md").read_text()
+    assert f"\n### {TRY_A_TURN}\n" in readme
+    section = readme.split(f"### {TRY_A_TURN}", 1)[1]
+    assert "localhost:8000" not in readme and "$FLEET/api/sessions" in section
