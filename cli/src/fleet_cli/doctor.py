@@ -28,6 +28,7 @@ from redis.exceptions import AuthenticationError, RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from fleet_cli.doctor_output import render_json, render_text, scrub, secrets_of
+from fleet_cli.embedded import REDIS_SOCKET
 from fleet_shared.config import (
     DEFAULT_CONFIG_PATH,
     LMSection,
@@ -95,6 +96,9 @@ def collect_checks(environ: Mapping[str, str]) -> list[Check]:
 
 def check_config(environ: Mapping[str, str], *, lm_credentials: bool = True) -> tuple[Check, Settings | None]:
     path = environ.get("FLEET_CONFIG") or str(DEFAULT_CONFIG_PATH)
+    embedded_redis = running_fleet_up_redis(environ)
+    if embedded_redis is not None:
+        environ = {**environ, "FLEET_REDIS_URL": embedded_redis}
     try:
         settings = load_settings(environ, lm_credentials=lm_credentials)
     except ConfigError as exc:
@@ -106,7 +110,23 @@ def check_config(environ: Mapping[str, str], *, lm_credentials: bool = True) -> 
         f"profile {settings.profile_name} from {settings.config_path} (root LM {settings.root_lm.name}, "
         f"sandbox {settings.profile.sandbox.provider}, {settings.database_url.split('://', 1)[0]})"
     )
+    if embedded_redis is not None:
+        detail += f"; Redis: the running `fleet up`'s Redis ({embedded_redis})"
     return Check(name="config", status="ok", detail=detail), settings
+
+
+def running_fleet_up_redis(environ: Mapping[str, str]) -> str | None:
+    """With no Redis URL given, the socket of a `fleet up` running on the profile's data dir."""
+    if environ.get("FLEET_REDIS_URL"):
+        return None
+    try:
+        probe = load_settings({**environ, "FLEET_REDIS_URL": "redis://pending"}, lm_credentials=False)
+    except (ConfigError, OSError):
+        return None
+    if probe.redis_url != "redis://pending":
+        return None  # the profile names its own Redis
+    sock = probe.data_dir.resolve() / REDIS_SOCKET
+    return f"unix://{sock}" if sock.is_socket() else None
 
 
 MISSING_VARIABLE = re.compile(r"environment variable (\S+) is not set")
@@ -117,7 +137,11 @@ def config_fix(message: str, path: str) -> str:
     if missing := MISSING_VARIABLE.search(message):
         return f"export {missing[1]} (the key named above refers to it)"
     if message.startswith("FLEET_REDIS_URL is not set"):
-        return "export FLEET_REDIS_URL=redis://HOST:6379/0 (or set storage.redis_url in the profile)"
+        return (
+            "start `fleet up` in this folder (the doctor then checks its Redis), or export "
+            "FLEET_REDIS_URL=redis://HOST:6379/0 or unix:///path/to/redis.sock "
+            "(or set storage.redis_url in the profile)"
+        )
     if "(set FLEET_CONFIG)" in message:
         return "set FLEET_CONFIG to the path of fleet.toml (the Helm chart mounts /etc/fleet/fleet.toml)"
     if "is not defined (known:" in message:

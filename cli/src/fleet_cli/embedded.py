@@ -116,9 +116,12 @@ def redis_server_binary() -> str:
     return str(path)
 
 
+REDIS_SOCKET = "redis.sock"  # in the data dir: where `fleet doctor` finds a running stack's Redis
+
+
 def start_private_redis(stack: Stack, data_dir: Path) -> str:
     """A Redis that listens only on a unix socket under .fleet/ (or loopback with a password)."""
-    sock = data_dir / "redis.sock"
+    sock = data_dir / REDIS_SOCKET
     sock.unlink(missing_ok=True)
     argv = [redis_server_binary(), "--save", "", "--appendonly", "no", "--dir", str(data_dir)]
     if len(str(sock)) < 100:

@@ -366,3 +366,47 @@ def test_collect_checks_bounds_a_dead_redis(tmp_path: Path) -> None:
     assert checks["database"].status == "fail" and "fleet db upgrade" in (checks["database"].fix or "")
     assert not (tmp_path / "absent.db").exists()
     assert all(SECRET not in f"{check.detail} {check.fix}" for check in checks.values())
+
+
+def test_beside_a_running_fleet_up_the_doctor_checks_its_redis_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in first-run testing: `fleet doctor` beside `fleet up` failed with "FLEET_REDIS_URL
+    is not set", though the stack's own Redis was listening on a socket in the data dir."""
+    import shutil
+    import subprocess
+
+    import redis as sync_redis
+
+    monkeypatch.chdir(tmp_path)  # the offline profile's data dir is .fleet, here
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+    data_dir = tmp_path / ".fleet"
+    data_dir.mkdir()
+    sock = data_dir / "redis.sock"
+    binary = shutil.which("redis-server")
+    assert binary is not None
+    argv = [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--save", ""]
+    server = subprocess.Popen([*argv, "--dir", str(data_dir)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline, "the private redis-server never made its socket"
+            time.sleep(0.02)
+        sync_redis.Redis(unix_socket_path=str(sock)).ping()
+        checks = {c.name: c for c in collect_checks({"FLEET_CONFIG": CONFIG, "FLEET_PROFILE": "offline"})}
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert checks["config"].status == "ok", checks["config"]
+    assert checks["redis"].status == "ok", checks["redis"]
+    assert "the running `fleet up`'s Redis" in checks["config"].detail
+
+
+def test_with_no_redis_url_and_no_fleet_up_the_fix_names_both_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+    check, settings = check_config({"FLEET_CONFIG": CONFIG, "FLEET_PROFILE": "offline"})
+    assert settings is None and check.status == "fail"
+    assert "fleet up" in check.fix and "unix://" in check.fix
