@@ -228,6 +228,8 @@ def test_failed_stream_keeps_the_contract(contract_stack: Stack, node_check: Pat
     assistant = items[-1]
     assert assistant["role"] == "assistant" and assistant["metadata"]["status"] == "failed"
     assert assistant["id"] == stream.headers["x-fleet-run-id"]
+    code, message = assistant["metadata"]["failureCode"], assistant["metadata"]["failureMessage"]
+    assert stream.chunks[-2]["errorText"] == f"{code}: {message}"  # what the live stream said
 
 
 def test_error_bodies_use_the_envelope(contract_stack: Stack, completed: Completed) -> None:

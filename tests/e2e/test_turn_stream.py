@@ -262,6 +262,7 @@ def test_failed_turn_ends_with_error_and_both_sdks_accept_it(probe_stack: Stack,
         ai_sdk_parse(node_check, alias, stream.raw)
     assistant = history["items"][-1]
     assert assistant["role"] == "assistant" and assistant["metadata"]["status"] == "failed"
+    assert assistant["metadata"]["failureCode"] == "script_exhausted"
     assert after.chunks[-1]["finishReason"] == "stop"
 
 

@@ -182,3 +182,20 @@ async def test_the_claim_checks_the_key_before_the_archive(harness: Harness) -> 
         )
         assert isinstance(allowed, queries.Claimed) and allowed.created
     assert await runs_in(harness, session_id) == 2
+
+
+async def test_a_failed_turn_s_history_says_why_it_failed(client: ApiClient, harness: Harness) -> None:
+    """Found in first-run testing: a resumed session showed "the Turn failed" with no code or
+    message, which the live stream and /api/runs/{id} had."""
+    from fleet_shared.db import runs
+
+    session_id = new_session(client)
+    run_id = await harness.submit(session_id=session_id, enqueue=False)
+    async with harness.db_sessions() as db:
+        assert await runs.fail_queued_run(db, run_id, "enqueue_lost", "the job was lost; send it again")
+    items = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
+    user, assistant = items[-2:]
+    assert assistant["id"] == run_id and assistant["metadata"]["status"] == "failed"
+    assert assistant["metadata"]["failureCode"] == "enqueue_lost"
+    assert assistant["metadata"]["failureMessage"] == "the job was lost; send it again"
+    assert "failureCode" not in user["metadata"]

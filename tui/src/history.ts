@@ -53,7 +53,12 @@ export function turnFromMessages(user: HistoryMessage | undefined, assistant: Hi
     for (const chunk of chunksOfPart(part, index)) view = reduceChunk(view, chunk);
   });
   if (status === "cancelled") return reduceChunk(view, { type: "abort", reason: "Turn cancelled" });
-  if (status === "failed" || status === "timed_out") return reduceChunk(view, { type: "finish", finishReason: "error" });
+  if (status === "failed" || status === "timed_out") {
+    const code = str(meta["failureCode"]);
+    const message = str(meta["failureMessage"]);
+    if (code !== undefined) view = reduceChunk(view, { type: "error", errorText: message !== undefined ? `${code}: ${message}` : code });
+    return reduceChunk(view, { type: "finish", finishReason: "error" });
+  }
   return reduceChunk(view, { type: "finish", finishReason: "stop" });
 }
 

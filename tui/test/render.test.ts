@@ -73,3 +73,20 @@ test("the Python highlighter keeps the text and one entry per line", () => {
   assert.equal(lines.map(stripAnsi).join("\n"), code);
   assert.ok(lines[0]!.includes("\x1b[35mdef\x1b[39m"));
 });
+
+test("a failed Turn from history says its failure code and message, as the live stream did", () => {
+  const items = [
+    { id: "u1", role: "user", parts: [{ type: "text", text: "do it" }], metadata: { runId: "r1", sequence: 0, status: "completed" } },
+    {
+      id: "r1",
+      role: "assistant",
+      parts: [],
+      metadata: { runId: "r1", sequence: 1, status: "failed", failureCode: "script_exhausted", failureMessage: "the script has no more lines" },
+    },
+  ];
+  const [turn] = turnsFromHistory(items);
+  assert.ok(turn);
+  assert.equal(turn.outcome, "failed");
+  const shown = renderTurn(turn, 100, options(false)).map(stripAnsi).join("\n");
+  assert.match(shown, /✗ script_exhausted: the script has no more lines/);
+});

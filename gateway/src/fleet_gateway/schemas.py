@@ -137,13 +137,20 @@ class UIMessage(msgspec.Struct, frozen=True, kw_only=True):
     metadata: dict[str, Any]
 
     @classmethod
-    def of(cls, turn: Turn, iso: Any) -> UIMessage:
+    def of(cls, turn: Turn, iso: Any, failure: tuple[str | None, str | None] = (None, None)) -> UIMessage:
+        """`failure`: the Run's failure code and message, for an assistant message that did not
+        complete (what the live stream's `error` said)."""
         metadata: dict[str, Any] = {
             "runId": turn.run_id,
             "sequence": turn.sequence,
             "createdAt": iso(turn.created_at),
             "status": turn.status,
         }
+        code, message = failure
+        if code is not None:
+            metadata["failureCode"] = code
+        if message is not None:
+            metadata["failureMessage"] = message
         # The assistant message's id is the Run id, as in the stream's `start.messageId`.
         message_id = turn.run_id if turn.role == "assistant" else turn.id
         return cls(id=message_id, role=turn.role, parts=turn.parts, metadata=metadata)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
-from fleet_shared.db import files, queries, skills
+from fleet_shared.db import files, queries, runs, skills
 from fleet_shared.db.models import Attachment, Run, Skill
 from fleet_shared.ids import parse_uuid
 from fleet_shared.run_state import is_terminal
@@ -186,7 +186,20 @@ class TurnController(Controller):
     ) -> TurnPage:
         session = await load_session(db, session_id)
         rows = await queries.list_turns(db, session.id, after_sequence=after_sequence, limit=limit)
-        items = [UIMessage.of(turn, iso) for turn in rows]
+        ended = [t.run_id for t in rows if t.role == "assistant" and t.status != "completed"]
+        failures = (
+            {r.id: (r.failure_code, r.failure_message) for r in await runs.get_runs(db, ended)}
+            if ended
+            else {}
+        )
+        items = [
+            UIMessage.of(
+                turn,
+                iso,
+                failures.get(turn.run_id, (None, None)) if turn.role == "assistant" else (None, None),
+            )
+            for turn in rows
+        ]
         more = len(rows) == limit
         return TurnPage(items, rows[-1].sequence if more and rows else None)
 
