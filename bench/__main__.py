@@ -5,14 +5,13 @@ matplotlib imports)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench import fanout, live, recovery, sandbox, scale, soak, turn, workspace
-from bench.report import write_report
+from bench.report import goals_table, write_report
 
 LANES: dict[str, Callable[..., dict[str, Any]]] = {
     "turn": turn.run,
@@ -61,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(lane)
             print(f"lane {lane} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
-        print(json.dumps(receipt, indent=2, ensure_ascii=False))
-        print(f"receipt: {receipt.get('receipt_path')}", file=sys.stderr)
+        print(goals_table(receipt))
     if len(args.lanes) > 1 and not failed:
         markdown, written = write_report()
         for path in written:
