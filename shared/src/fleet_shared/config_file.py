@@ -189,7 +189,7 @@ class WorkerSection(Section):
     # long. Each poll is a Redis read (and a check of each job other workers run), paid by every
     # worker with a free slot all the time, so a shorter delay costs Redis and CPU in proportion
     # to the fleet (ADR 0034).
-    poll_delay_seconds: Annotated[float, msgspec.Meta(ge=0.005, le=5)] = 0.05
+    poll_delay_seconds: Annotated[float, msgspec.Meta(ge=0.005, le=5)] = 0.02
     # The worker's GET /metrics and GET /health (its liveness); port 0 serves neither.
     metrics_host: BindHost = "127.0.0.1"
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9100
