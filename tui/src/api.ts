@@ -1,7 +1,8 @@
 /** The gateway's HTTP routes (docs/api.md), over `fetch`, with bearer auth and error envelopes. */
 
 import { openAsBlob } from "node:fs";
-import { basename } from "node:path";
+import { stat } from "node:fs/promises";
+import { basename, resolve } from "node:path";
 import { ApiError, NetworkError, RouteMissingError } from "./errors.js";
 
 export interface Session {
@@ -156,7 +157,7 @@ export class FleetApi {
 
   async uploadAttachment(path: string): Promise<AttachmentInfo> {
     const form = new FormData();
-    form.append("attachment", await openAsBlob(path), basename(path));
+    form.append("attachment", await openFile(path), basename(path));
     // The gateway takes an upload only with a header no plain web form can send.
     const response = await this.request("POST", "/api/attachments", { body: form, headers: { "x-requested-with": "fleet-tui" } });
     return (await response.json()) as AttachmentInfo;
@@ -203,4 +204,18 @@ function query(params: Record<string, string | number | undefined>): string {
 function causeOf(error: unknown): string {
   const cause = (error as { cause?: { code?: string; message?: string } }).cause;
   return cause?.code ?? cause?.message ?? (error instanceof Error ? error.message : String(error));
+}
+
+/** The file as a blob, or an error that names the file and, for a relative path, the folder. */
+async function openFile(path: string): Promise<Blob> {
+  const where = resolve(path) === path ? "" : ` (a relative path starts at ${process.cwd()})`;
+  let info;
+  try {
+    info = await stat(path);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    throw new Error(code === "ENOENT" ? `no such file: ${path}${where}` : `cannot read ${path}${where}: ${code ?? String(error)}`);
+  }
+  if (!info.isFile()) throw new Error(`not a file: ${path}${where}`);
+  return openAsBlob(path);
 }

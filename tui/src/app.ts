@@ -39,6 +39,9 @@ export class App {
   private readonly info = new InfoLine();
   private readonly editor: Editor;
   private loader: Loader | undefined;
+  private loaderMessage = "";
+  private loaderStarted = 0;
+  private loaderClock: ReturnType<typeof setInterval> | undefined;
   private active: ActiveTurn | undefined;
   private readonly turns: TurnComponent[] = [];
   private exitResolve: ((code: number) => void) | undefined;
@@ -74,11 +77,16 @@ export class App {
     return exited;
   }
 
+  /** What to print once the client has quit: how to come back to this session. */
+  exitHint(): string | undefined {
+    return this.sessionId ? `to come back to this session: uv run fleet cli --session ${this.sessionId}` : undefined;
+  }
+
   exit(code = 0): void {
     if (this.exiting) return;
     this.exiting = true;
     this.active?.abort.abort();
-    this.loader?.stop();
+    this.stopLoader();
     this.tui.stop();
     this.exitResolve?.(code);
   }
@@ -279,16 +287,26 @@ export class App {
 
   private startLoader(message: string): void {
     this.stopLoader();
+    this.loaderMessage = message;
+    this.loaderStarted = Date.now();
     this.loader = new Loader(this.tui, style.cyan, style.gray, message);
     this.statusArea.addChild(this.loader);
     this.loader.start();
+    this.loaderClock = setInterval(() => this.showStatus(), 1_000); // the elapsed time moves on its own
   }
 
   private setStatus(message: string): void {
-    this.loader?.setMessage(message);
+    this.loaderMessage = message;
+    this.showStatus();
+  }
+
+  private showStatus(): void {
+    this.loader?.setMessage(`${this.loaderMessage} · ${elapsed(Date.now() - this.loaderStarted)}`);
   }
 
   private stopLoader(): void {
+    clearInterval(this.loaderClock);
+    this.loaderClock = undefined;
     if (!this.loader) return;
     this.loader.stop();
     this.statusArea.clear();
@@ -303,4 +321,10 @@ export class App {
     parts.push(keys, `ctrl+o ${this.display.expanded ? "fold" : "expand"}`);
     return parts.join(" · ");
   }
+}
+
+/** 7s, 1m 05s: how long the Turn has run, for the status line. */
+export function elapsed(ms: number): string {
+  const seconds = Math.floor(ms / 1000);
+  return seconds < 60 ? `${seconds}s` : `${Math.floor(seconds / 60)}m ${String(seconds % 60).padStart(2, "0")}s`;
 }

@@ -19,7 +19,10 @@ async function main(): Promise<number> {
     return 0;
   }
   const app = new App({ api: new FleetApi(config.apiUrl, config.token), terminal: new ProcessTerminal(), ...(config.sessionId ? { sessionId: config.sessionId } : {}) });
-  return app.run();
+  const code = await app.run();
+  const hint = app.exitHint();
+  if (hint) process.stdout.write(`${hint}\n`);
+  return code;
 }
 
 main().then(

@@ -24,8 +24,11 @@ export async function runCommand(app: App, command: Extract<Command, { kind: Han
       const rows = page.items.map((s) => `${s.id}  ${s.status.padEnd(8)} ${s.title ?? "(untitled)"}`);
       return app.notice(`${page.total} session(s)${command.search ? ` matching "${command.search}"` : ""}`, rows.length ? rows : ["none"]);
     }
-    case "resume":
-      return app.openSession(resolveId(command.sessionId, app.lastListedSessions, "session"));
+    case "resume": {
+      let known = app.lastListedSessions;
+      if (!known.some((id) => id.startsWith(command.sessionId))) known = (await app.api.listSessions(undefined, 100)).items.map((s) => s.id);
+      return app.openSession(resolveId(command.sessionId, known, "session"));
+    }
     case "rename": {
       const session = await app.api.renameSession(requireSession(app), command.title);
       app.sessionTitle = session.title;

@@ -22,6 +22,12 @@ function fakeGateway(options: { abortOnCancel: boolean }) {
     const path = new URL(url).pathname;
     calls.push(`${method} ${path}`);
     if (method === "POST" && path === "/api/sessions") return json({ id: "session-1", title: null, status: "idle" });
+    if (method === "GET" && path === "/api/sessions") {
+      const items = ["session-1", "session-2-abcdef"].map((id) => ({ id, title: null, status: "idle" }));
+      return json({ items, total: items.length });
+    }
+    if (method === "GET" && path === "/api/sessions/session-2-abcdef") return json({ id: "session-2-abcdef", title: "older", status: "idle" });
+    if (method === "GET" && path === "/api/sessions/session-2-abcdef/turns") return json({ items: [], next_after_sequence: null });
     if (method === "POST" && path === "/api/sessions/session-1/turns") {
       const body = new ReadableStream<Uint8Array>({
         start(controller) {
@@ -107,4 +113,45 @@ test("Esc cancels; Ctrl+C when no Turn runs quits at once", async () => {
   term.type(CTRL_C);
   await exited;
   assert.equal(code(), 0);
+});
+
+
+test("the status line shows how long the Turn has run", async () => {
+  const { term, exited } = await open(true);
+  await startTurn(term);
+  await term.waitFor("an elapsed time", (s) => /· [1-9]\d*s\b/.test(s), 5_000);
+  term.type(ESC);
+  await term.waitFor("the abort", (s) => s.includes("■ Turn cancelled"), 5_000);
+  term.type(CTRL_C);
+  await exited;
+});
+
+test("quitting says how to come back to the session", async () => {
+  const gateway = fakeGateway({ abortOnCancel: true });
+  const term = new VirtualTerminal(100, 40);
+  const app = new App({ api: gateway.api, terminal: term });
+  const exited = app.run();
+  await term.waitFor("the session", (s) => s.includes("new session session-1"), 5_000);
+  term.type(CTRL_C);
+  await exited;
+  assert.equal(app.exitHint(), "to come back to this session: uv run fleet cli --session session-1");
+});
+
+test("/attach of a missing file names the file and the folder it was looked for in", async () => {
+  const { term, exited } = await open(true);
+  term.type("/attach no-such-dir/notes.txt");
+  term.type("\r");
+  const screen = await term.waitFor("the error", (s) => s.includes("no such file"), 5_000);
+  assert.ok(screen.includes("no-such-dir/notes.txt") && screen.includes(process.cwd()), screen);
+  term.type(CTRL_C);
+  await exited;
+});
+
+test("/resume takes any unique prefix of a session id, listed or not", async () => {
+  const { term, exited } = await open(true);
+  term.type("/resume session-2");
+  term.type("\r");
+  await term.waitFor("the older session", (s) => s.includes("session-2-abcdef"), 5_000);
+  term.type(CTRL_C);
+  await exited;
 });
