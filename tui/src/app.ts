@@ -39,6 +39,7 @@ export class App {
   private readonly info = new InfoLine();
   private readonly editor: Editor;
   private loader: Loader | undefined;
+  private switching: Promise<void> = Promise.resolve(); // the /new or /resume under way, if any
   private loaderMessage = "";
   private loaderStarted = 0;
   private loaderClock: ReturnType<typeof setInterval> | undefined;
@@ -50,7 +51,7 @@ export class App {
   constructor(private readonly options: AppOptions) {
     this.tui = new TUI(options.terminal);
     this.editor = new Editor(this.tui, editorTheme);
-    this.editor.onSubmit = (text) => void this.submit(text);
+    this.editor.onSubmit = (text) => this.submit(text);
     this.tui.addChild(this.chat);
     this.tui.addChild(this.statusArea);
     this.tui.addChild(this.editor);
@@ -191,15 +192,15 @@ export class App {
     return undefined;
   }
 
-  private async submit(line: string): Promise<void> {
+  /** Runs what was typed. Anything typed while /new or /resume is switching sessions waits for
+   * the switch (chained here, synchronously, in the order it was typed), so it reaches the new
+   * session and its output is not cleared with the old one's. */
+  private submit(line: string): void {
     const command = parseCommand(line);
     if (line.trim()) this.editor.addToHistory(line);
-    try {
-      await this.dispatch(command);
-    } catch (error) {
-      this.notice(`${line.trim().split(/\s/)[0]} failed`, [describeError(error)], "error");
-    }
-    this.refresh();
+    const run = this.switching.then(() => this.dispatch(command));
+    if (command.kind === "new" || command.kind === "resume") this.switching = run.then(noop, noop);
+    run.then(noop, (error: unknown) => this.notice(`${line.trim().split(/\s/)[0]} failed`, [describeError(error)], "error")).finally(() => this.refresh());
   }
 
   private async dispatch(command: Command): Promise<void> {
@@ -328,3 +329,5 @@ export function elapsed(ms: number): string {
   const seconds = Math.floor(ms / 1000);
   return seconds < 60 ? `${seconds}s` : `${Math.floor(seconds / 60)}m ${String(seconds % 60).padStart(2, "0")}s`;
 }
+
+function noop(): void {}

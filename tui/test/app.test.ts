@@ -14,6 +14,7 @@ const ESC = "\x1b";
 /** A gateway with one session whose Turn streams a step and then waits; a cancel may end it. */
 function fakeGateway(options: { abortOnCancel: boolean }) {
   const calls: string[] = [];
+  let created = 0;
   let turn: ReadableStreamDefaultController<Uint8Array> | undefined;
   const encoder = new TextEncoder();
   const json = (body: unknown): Response => new Response(JSON.stringify(body), { headers: { "content-type": "application/json" } });
@@ -21,14 +22,19 @@ function fakeGateway(options: { abortOnCancel: boolean }) {
     const method = init?.method ?? "GET";
     const path = new URL(url).pathname;
     calls.push(`${method} ${path}`);
-    if (method === "POST" && path === "/api/sessions") return json({ id: "session-1", title: null, status: "idle" });
+    if (method === "POST" && path === "/api/sessions") {
+      created += 1;
+      if (created === 1) return json({ id: "session-1", title: null, status: "idle" });
+      await new Promise((r) => setTimeout(r, 300)); // a slow /new: a prompt typed meanwhile waits for it
+      return json({ id: "session-new", title: null, status: "idle" });
+    }
     if (method === "GET" && path === "/api/sessions") {
       const items = ["session-1", "session-2-abcdef"].map((id) => ({ id, title: null, status: "idle" }));
       return json({ items, total: items.length });
     }
     if (method === "GET" && path === "/api/sessions/session-2-abcdef") return json({ id: "session-2-abcdef", title: "older", status: "idle" });
     if (method === "GET" && path === "/api/sessions/session-2-abcdef/turns") return json({ items: [], next_after_sequence: null });
-    if (method === "POST" && path === "/api/sessions/session-1/turns") {
+    if (method === "POST" && /^\/api\/sessions\/[^/]+\/turns$/.test(path)) {
       const body = new ReadableStream<Uint8Array>({
         start(controller) {
           turn = controller;
@@ -152,6 +158,21 @@ test("/resume takes any unique prefix of a session id, listed or not", async () 
   term.type("/resume session-2");
   term.type("\r");
   await term.waitFor("the older session", (s) => s.includes("session-2-abcdef"), 5_000);
+  term.type(CTRL_C);
+  await exited;
+});
+
+
+test("a prompt typed while /new is still creating the session goes to the new session", async () => {
+  const { calls, term, exited } = await open(true);
+  term.type("/new");
+  term.type("\r");
+  term.type("go slow");
+  term.type("\r");
+  await term.waitFor("the Turn", (s) => s.includes("Thinking slowly."), 5_000);
+  assert.deepEqual(calls.filter((c) => c.endsWith("/turns") && c.startsWith("POST")), ["POST /api/sessions/session-new/turns"]);
+  term.type(ESC);
+  await term.waitFor("the abort", (s) => s.includes("■ Turn cancelled"), 5_000);
   term.type(CTRL_C);
   await exited;
 });
