@@ -1,7 +1,7 @@
 /** The chat: pi-tui layout, keys, the active Turn, and session state. */
 
 import type { AttachmentInfo, FleetApi, SkillSelection } from "./api.js";
-import { parseCommand, type Command } from "./commands.js";
+import { parseCommand, slashCommands, type Command } from "./commands.js";
 import { InfoLine, NoticeComponent, TurnComponent, type Display, type NoticeTone } from "./components.js";
 import { describeError } from "./errors.js";
 import { turnsFromHistory, type HistoryMessage } from "./history.js";
@@ -9,7 +9,7 @@ import { runCommand } from "./session-commands.js";
 import { style } from "./theme.js";
 import { runTurn, type Backoff, type RunnerEvent } from "./turn-runner.js";
 import { emptyTurn, type Artifact, type TurnView } from "./turn-view.js";
-import { Container, Editor, Key, Loader, TUI, editorTheme, matchesKey, type Terminal } from "./ui.js";
+import { CombinedAutocompleteProvider, Container, Editor, Key, Loader, TUI, editorTheme, matchesKey, type Terminal } from "./ui.js";
 
 export interface AppOptions {
   readonly api: FleetApi;
@@ -51,6 +51,8 @@ export class App {
   constructor(private readonly options: AppOptions) {
     this.tui = new TUI(options.terminal);
     this.editor = new Editor(this.tui, editorTheme);
+    // `/` lists the commands, Tab completes a command or (after /attach) a path.
+    this.editor.setAutocompleteProvider(new CombinedAutocompleteProvider(slashCommands(), process.cwd(), null));
     this.editor.onSubmit = (text) => this.submit(text);
     this.tui.addChild(this.chat);
     this.tui.addChild(this.statusArea);

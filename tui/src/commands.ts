@@ -110,3 +110,11 @@ function unquote(text: string): string {
   const m = /^(["'])(.*)\1$/.exec(text);
   return m ? (m[2] ?? "") : text;
 }
+
+/** The commands as the editor's `/` menu lists them: name, what it takes, what it does. */
+export function slashCommands(): { name: string; description: string; argumentHint?: string }[] {
+  return COMMAND_HELP.map(([usage, description]) => {
+    const [name = "", ...rest] = usage.slice(1).split(" ");
+    return rest.length ? { name, description, argumentHint: rest.join(" ") } : { name, description };
+  });
+}

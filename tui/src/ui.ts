@@ -4,6 +4,7 @@
  */
 
 import {
+  CombinedAutocompleteProvider,
   Container,
   Editor,
   Key,
@@ -24,7 +25,7 @@ import {
 import { highlightPython } from "./highlight.js";
 import { style } from "./theme.js";
 
-export { Container, Editor, Key, Loader, ProcessTerminal, TUI, Text, matchesKey, truncateToWidth, visibleWidth, wrapTextWithAnsi };
+export { CombinedAutocompleteProvider, Container, Editor, Key, Loader, ProcessTerminal, TUI, Text, matchesKey, truncateToWidth, visibleWidth, wrapTextWithAnsi };
 export type { Component, Terminal };
 
 export const markdownTheme: MarkdownTheme = {

@@ -176,3 +176,15 @@ test("a prompt typed while /new is still creating the session goes to the new se
   term.type(CTRL_C);
   await exited;
 });
+
+test("typing / shows the commands, and Tab completes one", async () => {
+  const { term, exited } = await open(true);
+  term.type("/");
+  await term.waitFor("the command menu", (s) => s.includes("resume") && s.includes("continue a session"), 5_000);
+  term.type("res");
+  await term.waitFor("the menu narrowed to /resume", (s) => s.includes("continue a session") && !s.includes("this list"), 5_000);
+  term.type("\t");
+  await term.waitFor("the completed command", (s) => /\/resume\s/.test(s), 5_000);
+  term.type(CTRL_C);
+  await exited;
+});
