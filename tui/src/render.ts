@@ -40,8 +40,15 @@ function renderPart(part: Part, width: number, options: RenderOptions): string[]
       return block("  ", [style.gray(`· step ${part.index}`)], width);
     case "reasoning":
       return folded("  ", part.text.split("\n").map((l) => style.dim(style.italic(l))), width, options);
-    case "text":
-      return options.markdown(part.id, part.text, Math.max(1, width - 2)).map((l) => `  ${l}`);
+    case "text": {
+      // The answer, set apart from the work above it: a heading and a bar beside each line.
+      const bar = style.green("▌ ");
+      return [
+        "",
+        `  ${style.bold(style.green("answer"))}`,
+        ...options.markdown(part.id, part.text, Math.max(1, width - 4)).map((l) => `  ${bar}${l}`),
+      ];
+    }
     case "tool":
       return part.toolName === "python" ? renderCell(part, width, options) : renderCall(part, width, options);
     case "child":

@@ -90,3 +90,14 @@ test("a failed Turn from history says its failure code and message, as the live 
   const shown = renderTurn(turn, 100, options(false)).map(stripAnsi).join("\n");
   assert.match(shown, /✗ script_exhausted: the script has no more lines/);
 });
+
+test("the answer is set apart from the work: a heading, and a bar beside each of its lines", async () => {
+  const view = reduceFrames(emptyTurn("write me a reply"), await fixtureFrames("answer-artifact.sse"));
+  const lines = renderTurn(view, 100, options(false)).map(stripAnsi);
+  const heading = lines.findIndex((l) => l.trim() === "answer");
+  assert.ok(heading >= 0, lines.join("\n"));
+  const answer = lines.findIndex((l, i) => i > heading && l.includes("## Scripted answer"));
+  assert.ok(answer > heading, "the answer follows the heading");
+  assert.ok(lines[answer]!.startsWith("  ▌ "), lines[answer]);
+  assert.ok(!lines.some((l) => l.includes("┌ python") && l.startsWith("  ▌")), "cells carry no bar");
+});
