@@ -15,6 +15,7 @@ export interface Display {
 export class TurnComponent implements Component {
   private view: TurnView;
   private readonly markdown = new Map<string, MarkdownBlock>();
+  private rendered: { view: TurnView; key: string; lines: string[] } | undefined;
 
   constructor(private readonly display: Display, view: TurnView = emptyTurn("")) {
     this.view = view;
@@ -29,16 +30,22 @@ export class TurnComponent implements Component {
   }
 
   render(width: number): string[] {
+    // The TUI renders every component on every keystroke: a Turn whose view, width and fold
+    // state have not changed gives back the lines it gave last time.
+    const key = `${width}:${this.display.expanded}:${this.display.foldAt}`;
+    if (this.rendered?.view === this.view && this.rendered.key === key) return this.rendered.lines;
     const lines = renderTurn(this.view, width, {
       expanded: this.display.expanded,
       foldAt: this.display.foldAt,
       markdown: (id, text, w) => this.markdownFor(id).render(text, w),
     });
-    return [...lines, ""];
+    this.rendered = { view: this.view, key, lines: [...lines, ""] };
+    return this.rendered.lines;
   }
 
   invalidate(): void {
     this.markdown.clear();
+    this.rendered = undefined;
   }
 
   private markdownFor(id: string): MarkdownBlock {

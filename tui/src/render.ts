@@ -1,6 +1,6 @@
 /** TurnView → terminal lines (pure apart from Markdown, which is passed in). */
 
-import { foldHint, foldLines } from "./fold.js";
+import { FOLD_KEY_HINT, foldHint, foldLines } from "./fold.js";
 import { highlightPython } from "./highlight.js";
 import { record, str } from "./reducer.js";
 import { style } from "./theme.js";
@@ -21,7 +21,7 @@ const SUB_LM_TOOLS = new Set(["llm_query", "llm_query_batched", "rlm_query"]);
 /** All lines of one Turn, each at most `width` columns wide. */
 export function renderTurn(view: TurnView, width: number, options: RenderOptions): string[] {
   const out: string[] = [];
-  if (view.userText) out.push(...block(style.bold(style.cyan("› ")), view.userText.split("\n").map(style.bold), width));
+  if (view.userText) out.push(...renderPrompt(view.userText, width, options));
   const tags = [
     ...view.skills.map((s) => `skill ${s.name} ${s.version} ${s.phase}`),
     ...view.attachments.map((a) => `attachment ${a.filename} (${formatBytes(a.byteSize)})`),
@@ -32,6 +32,18 @@ export function renderTurn(view: TurnView, width: number, options: RenderOptions
   if (view.outcome === "cancelled") out.push(...block("  ", [style.yellow(`■ ${view.abortReason ?? "cancelled"}`)], width));
   out.push(...renderFooter(view, width));
   return out;
+}
+
+/** The user's prompt. Folded, only its start is wrapped: a 100,000-character prompt would be
+ * ~850 lines, re-wrapped on every render. */
+function renderPrompt(text: string, width: number, options: RenderOptions): string[] {
+  const prefix = style.bold(style.cyan("› "));
+  const room = options.foldAt * Math.max(1, width - visibleWidth(prefix)); // what the kept lines can hold
+  if (options.expanded || text.length <= room) return block(prefix, text.split("\n").map(style.bold), width);
+  const shown = block(prefix, text.slice(0, room).split("\n").map(style.bold), width).slice(0, Math.max(1, options.foldAt - 1));
+  const keptChars = shown.reduce((sum, line) => sum + visibleWidth(line) - visibleWidth(prefix), 0);
+  const hint = `… ${(text.length - keptChars).toLocaleString("en")} more characters (${FOLD_KEY_HINT} to expand)`;
+  return [...shown, ...block("  ", [style.gray(hint)], width)];
 }
 
 function renderPart(part: Part, width: number, options: RenderOptions): string[] {

@@ -101,3 +101,25 @@ test("the answer is set apart from the work: a heading, and a bar beside each of
   assert.ok(lines[answer]!.startsWith("  ▌ "), lines[answer]);
   assert.ok(!lines.some((l) => l.includes("┌ python") && l.startsWith("  ▌")), "cells carry no bar");
 });
+
+test("a huge prompt is folded to a few lines until expanded, without wrapping all of it", () => {
+  const huge = "word ".repeat(20_000); // 100,000 characters, as the gateway accepts
+  const folded = renderTurn(emptyTurn(huge), 100, options(false)).map(stripAnsi);
+  const prompt = folded.filter((l) => l.startsWith("› ") || l.startsWith("  word"));
+  assert.ok(prompt.length <= 8, `${prompt.length} lines of prompt shown`);
+  assert.ok(folded.some((l) => /more characters \(ctrl\+o to expand\)/.test(l)), folded.join("\n"));
+  const expanded = renderTurn(emptyTurn(huge), 100, options(true)).map(stripAnsi);
+  assert.ok(expanded.length > 800);
+});
+
+test("a Turn component renders once per width and fold state, not on every keystroke", async () => {
+  const { TurnComponent } = await import("../src/components.ts");
+  const display = { expanded: false, foldAt: 8 };
+  const component = new TurnComponent(display, emptyTurn("word ".repeat(20_000)));
+  const first = component.render(100);
+  assert.equal(component.render(100), first, "the same view, width and fold state: the same lines");
+  display.expanded = true;
+  assert.notEqual(component.render(100), first);
+  component.update(emptyTurn("another"));
+  assert.ok(component.render(100).some((l) => stripAnsi(l).includes("another")));
+});
