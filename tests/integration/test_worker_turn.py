@@ -283,7 +283,7 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
     listen = listener(harness.settings.redis_url)
     deps = SimpleNamespace(
         settings=harness.settings,
-        sessions=harness.db_sessions,
+        db_sessions=harness.db_sessions,
         runlog=RunLog(harness.redis),
         cancels=CancelListener(harness.redis, listen),
         worker_id="w1",
