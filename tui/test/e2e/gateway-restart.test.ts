@@ -71,7 +71,7 @@ test("a gateway killed and restarted mid-Turn: the client resumes the same Run, 
     for (const once of ["› slow", "Measure the request first.", "└ 1 words", "└ taking my time", "slow line 0", "slow line 1", "slow line 2", "· step 1", "· step 2", "· step 3", "· step 4", "usage:"]) {
       assert.equal(count(screen, once), 1, `${once} appears once\n${screen}`);
     }
-    assert.equal(screen.match(/^ +finished after the slow step +$/gm)?.length, 1, "the answer appears once");
+    assert.equal(screen.match(/^ +▌ finished after the slow step +$/gm)?.length, 1, "the answer appears once");
     assert.ok(!screen.includes("stream failed"), screen);
 
     const posts = sent.filter((r) => r.method === "POST" && r.path.endsWith("/turns"));

@@ -93,7 +93,7 @@ test("a stream cut mid-Turn is resumed without lost or repeated output", async (
     for (const once of ["Measure the request first.", "└ taking my time", "slow line 2", "· step 4", "usage:"]) {
       assert.equal(count(screen, once), 1, `${once} appears once`);
     }
-    assert.equal(screen.match(/^ +finished after the slow step +$/gm)?.length, 1, "the answer appears once");
+    assert.equal(screen.match(/^ +▌ finished after the slow step +$/gm)?.length, 1, "the answer appears once");
   } finally {
     app.exit(0);
     await exited;
