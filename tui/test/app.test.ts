@@ -188,3 +188,12 @@ test("typing / shows the commands, and Tab completes one", async () => {
   term.type(CTRL_C);
   await exited;
 });
+
+test("Tab after /attach completes a file path from the working folder", async () => {
+  const { term, exited } = await open(true);
+  term.type("/attach test/fixtures/answer-art");
+  term.type("\t");
+  await term.waitFor("the completed path", (s) => s.includes("/attach test/fixtures/answer-artifact.sse"), 5_000);
+  term.type(CTRL_C);
+  await exited;
+});

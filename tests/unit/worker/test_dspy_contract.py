@@ -615,7 +615,8 @@ def test_run_program_with_the_shipped_demo_script(tmp_path: Path) -> None:
     result = harness.run(request="please say hi")
     errors = [e.error for e in harness.events if isinstance(e, CellOutput) and e.error]
     assert errors == []
-    assert result.answer.endswith("(Your request had 3 words.)")
+    assert "(Your request had 3 words.)" in result.answer
+    assert result.answer.endswith("run `uv run fleet up --profile local`.")  # how to connect a model
     started = [e for e in harness.events if isinstance(e, LMQueryStarted)]
     assert [(e.tool, e.prompt) for e in started] == [
         ("llm_query", "Write one friendly sentence acknowledging this request: please say hi")

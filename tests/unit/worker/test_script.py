@@ -246,17 +246,76 @@ def test_count_tokens_is_chars_over_four(text: str, tokens: int) -> None:
 
 def test_shipped_demo_script() -> None:
     script = load_script(DEMO, "demo")
-    roots, subs = script.lines["root"], script.lines["sub"]
-    assert len(roots) >= 2
-    assert len(subs) >= 1
-    codes = [line.code for line in roots]  # type: ignore[union-attr]
-    assert any("llm_query(" in code for code in codes)
-    assert "SUBMIT(" in codes[-1]
-    assert all("SUBMIT(" not in code for code in codes[:-1])
-    for code in codes:
-        compile(code, "<demo>", "exec")  # every cell is valid Python
-    llm_calls = sum(code.count("llm_query(") for code in codes)
-    assert len(subs) >= llm_calls, "every llm_query in the demo needs a sub line"
+    scenarios = [script.lines, *(scenario.lines for scenario in script.scenarios)]
+    assert len(scenarios) == 4  # the greeting, then slow, a file, arithmetic
+    for lines in scenarios:
+        codes = [line.code for line in lines["root"]]  # type: ignore[union-attr]
+        assert "SUBMIT(" in codes[-1]
+        assert all("SUBMIT(" not in code for code in codes[:-1])
+        for code in codes:
+            compile(code, "<demo>", "exec")  # every cell is valid Python
+            assert "```" not in code  # DSPy cuts a code field at a Markdown fence
+        llm_calls = sum(code.count("llm_query(") for code in codes)
+        assert len(lines["sub"]) >= llm_calls, "every llm_query in the demo needs a sub line"
+
+
+@pytest.mark.parametrize(
+    ("request_text", "first_reasoning"),
+    [
+        ("Say hello to the fleet", "I should look at the request"),
+        ("What is 37 * 91?", "This is arithmetic."),
+        ("(2 + 3) ** 2 - 4 / 8", "This is arithmetic."),
+        ("Summarise my file", "The user points at an attached file."),
+        ("Read my file", "The user points at an attached file."),
+        ("Run a slow task", "The user asked for a slow task."),
+        ("Run a SLOW task on file 2*3", "The user asked for a slow task."),  # first match wins
+    ],
+)
+def test_the_demo_picks_its_scenario_by_the_request(request_text: str, first_reasoning: str) -> None:
+    cursor = load_script(DEMO, "demo").cursor(request_text)
+    assert cursor.next("root").reasoning.startswith(first_reasoning)  # type: ignore[union-attr]
+
+
+# --- scenarios -----------------------------------------------------------------------------------
+
+
+def when(pattern: str) -> dict[str, Any]:
+    return {"lm": "when", "match": pattern}
+
+
+def test_a_request_gets_the_first_scenario_that_matches_else_the_lines_before_any_when(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, root(1), sub(1), when("(?i)apple"), root(2), sub(2), when("apple|pear"), root(3))
+    script = load_script(path, "t")
+
+    default, apple, pear = script.cursor("plum"), script.cursor("an APPLE"), script.cursor("pear")
+    assert default.next("root") == RootLine(reasoning="r1", code="print(1)")
+    assert default.next("sub") == SubLine(text="s1")
+    assert apple.next("root") == RootLine(reasoning="r2", code="print(2)")
+    assert apple.next("sub") == SubLine(text="s2")
+    with pytest.raises(ScriptExhausted):  # a scenario's roles hold only its own lines
+        apple.next("root")
+    assert pear.next("root") == RootLine(reasoning="r3", code="print(3)")
+    with pytest.raises(ScriptExhausted):
+        pear.next("sub")
+    assert script.cursor().next("root") == RootLine(reasoning="r1", code="print(1)")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param('{"lm":"when","match":"(unclosed"}', id="bad-regex"),
+        pytest.param('{"lm":"when"}', id="no-match"),
+        pytest.param('{"lm":"when","match":"a","code":"x"}', id="unknown-field"),
+    ],
+)
+def test_an_invalid_when_line_names_its_line_number(tmp_path: Path, bad: str) -> None:
+    path = write(tmp_path, root(1), bad)
+    with pytest.raises(ScriptInvalid) as info:
+        load_script(path, "t")
+    assert str(info.value).startswith(f"{path}:2: ")
+    assert "\n" not in str(info.value)
 
 
 def test_a_separate_sub_script_gets_its_own_cursor(tmp_path: Path) -> None:
@@ -277,12 +336,12 @@ def test_a_separate_sub_script_gets_its_own_cursor(tmp_path: Path) -> None:
     root = msgspec.structs.replace(settings.root_lm, script_path=root_file)
     sub = msgspec.structs.replace(settings.sub_lm, script_path=sub_file)
     separate = msgspec.structs.replace(settings, root_lm=root, sub_lm=sub)
-    root_cursor, sub_cursor = cursors({}, separate)
+    root_cursor, sub_cursor = cursors({}, separate, "go")
     assert root_cursor is not None and sub_cursor is not None and root_cursor is not sub_cursor
     assert getattr(sub_cursor.next("sub"), "text", None) == "from sub file"
     same = msgspec.structs.replace(
         settings, root_lm=root, sub_lm=msgspec.structs.replace(sub, script_path=root_file)
     )
-    shared_root, shared_sub = cursors({}, same)
+    shared_root, shared_sub = cursors({}, same, "go")
     assert shared_root is shared_sub
     assert getattr(shared_sub.next("sub"), "text", None) == "from root file"

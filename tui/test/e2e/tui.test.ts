@@ -46,6 +46,29 @@ test("a prompt streams to the scripted answer", async () => {
   assert.equal(await exited, 0);
 });
 
+test("typing stays fast with a 100,000-character prompt in view", async () => {
+  const { term, app, exited } = await openClient(stack.url);
+  const huge = "0123456789".repeat(10_000); // one word: the wrap breaks it at the width, as the report had
+  term.type(huge);
+  term.type("\r");
+  await term.waitFor("the Turn to settle", (s) => s.includes("usage:"));
+  const latencies: number[] = [];
+  for (let key = 1; key <= 40; key++) {
+    const shown = term.nextWriteWith("z".repeat(key)); // the editor's line with every key typed so far
+    const started = performance.now();
+    term.type("z");
+    await shown;
+    latencies.push(performance.now() - started);
+  }
+  latencies.sort((a, b) => a - b);
+  const median = latencies[latencies.length >> 1] ?? 0;
+  const worst = latencies[latencies.length - 1] ?? 0;
+  process.stdout.write(`# typing latency, 100,000-character prompt in view: median ${median.toFixed(1)} ms, worst ${worst.toFixed(1)} ms over ${latencies.length} keys\n`);
+  assert.ok(median < 50, `median ${median.toFixed(1)} ms per key`); // folded, the prompt is not re-wrapped per key
+  app.exit(0);
+  await exited;
+});
+
 test("Esc cancels a running Turn and the abort is shown", async () => {
   const { term, app, exited } = await openClient(stack.url);
   term.type("cancel");

@@ -21,8 +21,18 @@ export class VirtualTerminal implements Terminal {
 
   async drainInput(): Promise<void> {}
 
+  private writeWaiters: { needle: string; resolve: () => void }[] = [];
+
   write(data: string): void {
     this.xterm.write(data);
+    const met = this.writeWaiters.filter((waiter) => data.includes(waiter.needle));
+    this.writeWaiters = this.writeWaiters.filter((waiter) => !met.includes(waiter));
+    for (const waiter of met) waiter.resolve();
+  }
+
+  /** Resolves when the client next writes output holding `needle` (the client's own work, before xterm parses it). */
+  nextWriteWith(needle: string): Promise<void> {
+    return new Promise((resolve) => this.writeWaiters.push({ needle, resolve }));
   }
 
   get columns(): number {

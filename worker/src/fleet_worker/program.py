@@ -70,7 +70,7 @@ def start_program(
         batch_concurrency=rlm.batch_concurrency,
         describe_failure=dspy_adapter.describe_batch_failure,
     )
-    root_cursor, sub_cursor = cursors(scripts, settings)
+    root_cursor, sub_cursor = cursors(scripts, settings, request)
     children = None
     if rlm.recursion:
         policy = ChildPolicy(
@@ -169,17 +169,18 @@ async def stop_program(run: ProgramRun, sink: EventSink, sandbox_ops: Executor, 
 Cursors = tuple[ScriptCursor | None, ScriptCursor | None]
 
 
-def cursors(scripts: dict[Path, Script], settings: Settings) -> Cursors:
+def cursors(scripts: dict[Path, Script], settings: Settings, request: str) -> Cursors:
     """One Run's cursors for the scripted LMs: root and sub share one when they read the same
-    file (each role keeps its own place), and each has its own when their scripts differ."""
+    file (each role keeps its own place), and each has its own when their scripts differ. The
+    request picks each script's scenario."""
     root = settings.root_lm
     sub = settings.sub_lm
-    root_cursor = script_for(scripts, root).cursor() if root.scripted else None
+    root_cursor = script_for(scripts, root).cursor(request) if root.scripted else None
     if not sub.scripted:
         return root_cursor, None
     if root_cursor is not None and sub.script_path == root.script_path:
         return root_cursor, root_cursor
-    return root_cursor, script_for(scripts, sub).cursor()
+    return root_cursor, script_for(scripts, sub).cursor(request)
 
 
 def script_for(scripts: dict[Path, Script], lm: ResolvedLM) -> Script:

@@ -1,7 +1,9 @@
-"""The scripted LM's JSONL script (docs/configuration.md): parsing, per-Run cursors, and usage counting."""
+"""The scripted LM's JSONL script (docs/configuration.md): parsing, scenarios, per-Run cursors,
+and usage counting."""
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Annotated, Literal
@@ -37,25 +39,45 @@ class SubLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field
     delay_s: Delay = 0.0
 
 
+class WhenLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="lm", tag="when"):
+    """Opens a scenario: the lines after it, up to the next `when`, serve a Run whose request
+    the regular expression `match` finds (`re.search`)."""
+
+    match: str
+
+
 ScriptLine = RootLine | SubLine | ChildLine
-LINE_DECODER = msgspec.json.Decoder(ScriptLine)
+LINE_DECODER = msgspec.json.Decoder(ScriptLine | WhenLine)
+RoleLines = dict[str, tuple[ScriptLine, ...]]
+
+
+class Scenario(msgspec.Struct, frozen=True):
+    pattern: re.Pattern[str]
+    lines: RoleLines
 
 
 class Script(msgspec.Struct, frozen=True):
-    name: str
-    lines: dict[str, tuple[ScriptLine, ...]]
+    """`lines` is the default scenario (the lines before any `when`); `scenarios` are tried in
+    file order, and the first whose pattern finds the request serves the Run."""
 
-    def cursor(self) -> ScriptCursor:
-        return ScriptCursor(self)
+    name: str
+    lines: RoleLines
+    scenarios: tuple[Scenario, ...] = ()
+
+    def cursor(self, request: str = "") -> ScriptCursor:
+        chosen = next((s.lines for s in self.scenarios if s.pattern.search(request)), self.lines)
+        return ScriptCursor(self, chosen)
 
 
 def load_script(path: Path, name: str) -> Script:
     """Parse every line up front, so a bad script fails with its line number before any Run."""
-    by_role: dict[str, list[ScriptLine]] = {"root": [], "sub": [], "child": []}
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScriptInvalid(f"cannot read scripted LM file {path}: {exc.strerror}") from None
+    default: dict[str, list[ScriptLine]] = {"root": [], "sub": [], "child": []}
+    scenarios: list[tuple[re.Pattern[str], dict[str, list[ScriptLine]]]] = []
+    current = default
     # Split on newlines only: JSON strings may hold U+2028 and friends, which splitlines() breaks on.
     for number, line_text in enumerate(text.split("\n"), start=1):
         raw = line_text.removesuffix("\r")
@@ -63,10 +85,22 @@ def load_script(path: Path, name: str) -> Script:
             continue
         try:
             line = LINE_DECODER.decode(raw)
-        except msgspec.DecodeError as exc:
+            if isinstance(line, WhenLine):
+                current = {"root": [], "sub": [], "child": []}
+                scenarios.append((re.compile(line.match), current))
+                continue
+        except (msgspec.DecodeError, re.error) as exc:
             raise ScriptInvalid(f"{path}:{number}: {exc}") from None
-        by_role[line_role(line)].append(line)
-    return Script(name, {role: tuple(lines) for role, lines in by_role.items()})
+        current[line_role(line)].append(line)
+    return Script(
+        name,
+        frozen_lines(default),
+        tuple(Scenario(pattern, frozen_lines(lines)) for pattern, lines in scenarios),
+    )
+
+
+def frozen_lines(by_role: dict[str, list[ScriptLine]]) -> RoleLines:
+    return {role: tuple(lines) for role, lines in by_role.items()}
 
 
 def line_role(line: ScriptLine) -> Role:
@@ -80,16 +114,16 @@ def line_role(line: ScriptLine) -> Role:
 
 
 class ScriptCursor:
-    """One Run's position in the script: each role consumes its own lines, in order."""
+    """One Run's position in its scenario's lines: each role consumes its own, in order."""
 
-    def __init__(self, script: Script) -> None:
-        self.script = script
+    def __init__(self, script: Script, lines: RoleLines) -> None:
+        self.script, self.lines = script, lines
         self.positions: dict[str, int] = {"root": 0, "sub": 0, "child": 0}
         self.lock = threading.Lock()  # llm_query_batched calls from several threads
 
     def next(self, role: Role) -> ScriptLine:
         with self.lock:
-            lines = self.script.lines[role]
+            lines = self.lines[role]
             index = self.positions[role]
             if index >= len(lines):
                 raise ScriptExhausted(
