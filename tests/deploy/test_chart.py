@@ -317,6 +317,52 @@ def test_the_api_token_rule() -> None:
     assert token["valueFrom"]["secretKeyRef"] == {"name": "fleet-credentials", "key": "api-token"}
 
 
+def test_the_auth_modes_take_their_credentials_from_values_and_secrets() -> None:
+    """tokens: the file comes from a Secret, mounted read-only and named by
+    FLEET_AUTH_TOKENS_FILE; jwt: the provider from values, and the gateway may reach it."""
+    no_token = {"secrets.apiToken.key": ""}
+    error = render_error(MINIMAL, settings={**no_token, "gateway.auth.mode": "tokens"})
+    assert "gateway.auth.mode=tokens reads a tokens file: set secrets.tokensFile.key" in error
+    tokens = render(
+        MINIMAL, settings={**no_token, "gateway.auth.mode": "tokens", "secrets.tokensFile.key": "tok"}
+    )
+    pod = find(tokens, "Deployment", "gateway")["spec"]["template"]["spec"]
+    env = {entry["name"]: entry.get("value") for entry in pod["containers"][0]["env"]}
+    assert (
+        env["FLEET_AUTH_MODE"] == "tokens" and env["FLEET_AUTH_TOKENS_FILE"] == "/etc/fleet/auth/tokens.toml"
+    )
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "auth-tokens")
+    assert mount == {"name": "auth-tokens", "mountPath": "/etc/fleet/auth", "readOnly": True}
+    volume = next(v for v in pod["volumes"] if v["name"] == "auth-tokens")
+    assert volume["secret"] == {
+        "secretName": "fleet-credentials",
+        "items": [{"key": "tok", "path": "tokens.toml"}],
+    }
+    worker = find(tokens, "Deployment", "worker")["spec"]["template"]["spec"]["containers"][0]
+    assert not {"FLEET_AUTH_MODE", "FLEET_AUTH_TOKENS_FILE"} & {entry["name"] for entry in worker["env"]}
+
+    jwt = {**no_token, "gateway.auth.mode": "jwt", "networkPolicy.enabled": True}
+    assert "gateway.auth.mode=jwt needs the provider" in render_error(MINIMAL, settings=jwt)
+    provider = {
+        "gateway.auth.jwt.jwksUrl": "https://login.example/keys",
+        "gateway.auth.jwt.issuer": "https://login.example/",
+        "gateway.auth.jwt.audience": "api://fleet",
+    }
+    rendered = render(MINIMAL, settings={**jwt, **provider})
+    gateway = find(rendered, "Deployment", "gateway")["spec"]["template"]["spec"]["containers"][0]
+    env = {entry["name"]: entry.get("value") for entry in gateway["env"]}
+    assert (
+        env["FLEET_AUTH_JWKS_URL"] == "https://login.example/keys"
+        and env["FLEET_AUTH_JWT_AUDIENCE"] == "api://fleet"
+    )
+
+    def https_rules(values: dict[str, object]) -> int:
+        egress = find(render(MINIMAL, settings=values), "NetworkPolicy", "gateway")["spec"]["egress"]
+        return sum({"port": 443, "protocol": "TCP"} in rule.get("ports", []) for rule in egress)
+
+    assert https_rules({**jwt, **provider}) == https_rules({"networkPolicy.enabled": True}) + 1  # the JWKS
+
+
 def test_names_fit_in_63_characters() -> None:
     release = "r" * 53  # helm's longest release name
     for values in values_files():

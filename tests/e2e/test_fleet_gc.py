@@ -23,6 +23,7 @@ from fleet_shared.db import queries
 from fleet_shared.db.engine import create_engine, dispose_engine, run_whole, session_factory
 from fleet_shared.db.workspace_versions import WorkspaceChange, record_on
 from fleet_shared.manifests import FileEntry, Manifest, object_key
+from fleet_shared.tenancy import OPERATOR
 from tests.e2e.conftest import REPO
 from tests.support.blob_ages import S3_ENV, Store, moto_server, s3_store
 from tests.support.servers import RedisServer
@@ -70,7 +71,7 @@ async def seed(database_url: str, store: Store, tmp: Path) -> dict[str, str]:
     try:
         sessions = session_factory(engine)
         async with sessions() as db:
-            session = await queries.create_session(db, "gc")
+            session = await queries.create_session(db, "gc", OPERATOR)
         change = WorkspaceChange(
             workspace_id=session.workspace_id, seen_version=0, manifest=Manifest.of([entry])
         )

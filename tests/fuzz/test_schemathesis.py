@@ -2,9 +2,10 @@
 
 One stack per module: real `fleet gateway` and `fleet worker` processes on a private Redis and
 SQLite, the scripted LM (tests/e2e/scripts/fuzz.jsonl: each Turn writes an artifact and answers)
-and a bearer token. The policy file is a private copy, since `PATCH /api/settings` may rewrite it.
+and `gateway.auth.mode = jwt` against a loopback JWKS. The policy file is a private copy, since
+`PATCH /api/settings` may rewrite it.
 
-Each generated request is sent with the token; most path ids (and the files API's `session_id`)
+Each generated request is sent with the JWT; most path ids (and the files API's `session_id`)
 are swapped for ids that exist, so the fuzzer gets past the 404s into the routes' own checks.
 Every response must:
 - not be a 5xx (`not_a_server_error`);
@@ -44,9 +45,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from fleet_shared.tenancy import ADMIN, READ_ALL_SESSIONS
 from tests.e2e.conftest import REPO, Stack, start_stack, stop_stack, work_dir
 from tests.e2e.contract import check_stream
 from tests.e2e.sse import parse_frames, post_turn
+from tests.support.idp import LoopbackIdp
 from tests.support.policy import private_policy
 
 DEFAULT_EXAMPLES = 10
@@ -54,8 +57,8 @@ EXAMPLES = int(os.environ.get("FLEET_FUZZ_EXAMPLES", DEFAULT_EXAMPLES))
 # The short run in the default suite is derandomized (the same examples each time, so CI is
 # stable); a longer run (`just fuzz`) explores with a random seed.
 DERANDOMIZE = EXAMPLES <= DEFAULT_EXAMPLES
-TOKEN = "fuzz-token-not-a-secret"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+# Every request carries a JWT of the stack's OIDC provider (a loopback JWKS), set by fuzz_stack.
+AUTH: dict[str, str] = {}
 SCRIPT = REPO / "tests" / "e2e" / "scripts" / "fuzz.jsonl"
 STREAMS = {("POST", "/api/sessions/{session_id}/turns"), ("GET", "/api/runs/{run_id}/stream")}
 # Which real id stands in for a generated path or query parameter of this name.
@@ -76,10 +79,16 @@ pytestmark = pytest.mark.fuzz
 @pytest.fixture(scope="module")
 def fuzz_stack() -> Iterator[Stack]:
     data_dir = work_dir("fuzz")
-    env = {**private_policy(data_dir), "FLEET_SCRIPTED_LM": str(SCRIPT), "FLEET_API_TOKEN": TOKEN}
+    idp = LoopbackIdp()
+    token = idp.token(tenant="fuzz", user="fuzzer", scopes=(ADMIN, READ_ALL_SESSIONS))
+    AUTH["Authorization"] = f"Bearer {token}"
+    env = {**private_policy(data_dir), "FLEET_SCRIPTED_LM": str(SCRIPT), **idp.env()}
     stack = start_stack(data_dir, env)
+    refused = httpx.get(f"{stack.url}/api/sessions", timeout=30)
+    assert refused.status_code == 401, "the stack must check the JWT, or the fuzzing proves nothing about it"
     yield stack
     stop_stack(stack)
+    idp.stop()
 
 
 def new_session(stack: Stack) -> str:

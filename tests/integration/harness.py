@@ -21,6 +21,7 @@ from fleet_shared.event_log import Appended, RunLog, lease_token
 from fleet_shared.events import RunEvent
 from fleet_shared.jobs import ArqJobQueue
 from fleet_shared.recovery import Sweeper
+from fleet_shared.tenancy import OPERATOR, Principal
 from fleet_worker.app import build_worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,13 +48,15 @@ class Harness:
         key: str = "k",
         attachments: Sequence[Attachment] = (),
         skills: Sequence[Skill] = (),
+        caller: Principal = OPERATOR,
     ) -> str:
         """Claim a Turn (in a new session, or `session_id`) and queue it, as the gateway does."""
         async with self.db_sessions() as db:
             if session_id is None:
-                session_id = (await queries.create_session(db, "t")).id
+                session_id = (await queries.create_session(db, "t", caller)).id
             claimed = await queries.claim_turn(
                 db,
+                caller=caller,
                 session_id=session_id,
                 idempotency_key=key,
                 fingerprint="f",

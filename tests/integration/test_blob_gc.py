@@ -26,9 +26,17 @@ from fleet_shared.config_file import StorageSection
 from fleet_shared.db import queries, workspace_versions
 from fleet_shared.db.engine import create_engine, dispose_engine, run_whole, session_factory
 from fleet_shared.db.files import stored_bytes_on
-from fleet_shared.db.models import Artifact, Attachment, Workspace, WorkspaceManifest, WorkspaceVersion
+from fleet_shared.db.models import (
+    Artifact,
+    Attachment,
+    Session,
+    Workspace,
+    WorkspaceManifest,
+    WorkspaceVersion,
+)
 from fleet_shared.db.workspace_versions import WorkspaceChange, add_manifest_on, delete_manifests, record_on
 from fleet_shared.manifests import FileEntry, Manifest, object_key
+from fleet_shared.tenancy import OPERATOR
 from tests.integration.harness import Harness
 from tests.support.blob_ages import AGE, Store, local_store, moto_server, s3_store
 from tests.support.manifests import manifest_entries
@@ -109,7 +117,7 @@ async def versions_of(sessions: Sessions, workspace_id: str) -> list[int]:
 
 async def new_session(sessions: Sessions) -> tuple[str, str]:
     async with sessions() as db:
-        session = await queries.create_session(db, "gc")
+        session = await queries.create_session(db, "gc", OPERATOR)
         return session.id, session.workspace_id
 
 
@@ -184,7 +192,13 @@ async def seed(sessions: Sessions, store: Store, tmp: Path) -> World:
             Attachment(id=attachment, filename="a", media_type="text/plain", byte_size=8, checksum_sha256="0")
         )
         claimed = await queries.claim_turn(
-            db, session_id=session_id, idempotency_key="k", fingerprint="f", text="t", model="m"
+            db,
+            caller=OPERATOR,
+            session_id=session_id,
+            idempotency_key="k",
+            fingerprint="f",
+            text="t",
+            model="m",
         )
         assert isinstance(claimed, queries.Claimed)
         db.add(
@@ -391,7 +405,7 @@ async def test_a_turns_commit_keeps_the_configured_versions(harness_factory: Har
     async with harness.db_sessions() as db:
         run = await queries.get_run(db, first)
         assert run is not None
-        session = await queries.get_session(db, run.session_id)
+        session = await db.get(Session, run.session_id)
         assert session is not None
     for turn, said in enumerate(("two", "three"), start=2):
         await harness.submit(said, session_id=session.id, key=f"k{turn}")

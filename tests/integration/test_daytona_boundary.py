@@ -19,6 +19,7 @@ import msgspec
 import pytest
 
 from fleet_shared.config import DaytonaSection, load_settings
+from fleet_shared.db.models import Session
 from fleet_worker.errors import SandboxFailed
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.daytona.provider import DaytonaAccess, DaytonaSandboxProvider, daytona_provider
@@ -363,7 +364,7 @@ async def test_whole_turns_run_in_daytona_and_keep_the_workspace_as_versions(
     async with harness.db_sessions() as db:
         run = await queries.get_run(db, run_id)
         assert run is not None and run.status == "completed", run.failure_message if run else None
-        session = await queries.get_session(db, run.session_id)
+        session = await db.get(Session, run.session_id)
         assert session is not None
         first = await workspace_versions.version_row(db, session.workspace_id)
         assert first is not None and (first.version, first.run_id) == (1, run_id)

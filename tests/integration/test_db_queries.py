@@ -22,6 +22,7 @@ from fleet_shared.db.engine import (
 from fleet_shared.db.models import Run
 from fleet_shared.events import Reasoning, RunCompleted
 from fleet_shared.run_state import RunCommand, RunStatus
+from fleet_shared.tenancy import OPERATOR
 
 
 @pytest.fixture
@@ -33,7 +34,13 @@ async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncS
 
 async def claim(db: AsyncSession, session_id: str, key: str, fingerprint: str = "f1") -> object:
     return await queries.claim_turn(
-        db, session_id=session_id, idempotency_key=key, fingerprint=fingerprint, text="hi", model="scripted/t"
+        db,
+        caller=OPERATOR,
+        session_id=session_id,
+        idempotency_key=key,
+        fingerprint=fingerprint,
+        text="hi",
+        model="scripted/t",
     )
 
 
@@ -45,7 +52,7 @@ async def test_schema_is_at_head(database_url: str) -> None:
 
 async def test_claim_replay_mismatch_and_in_progress(sessions: async_sessionmaker[AsyncSession]) -> None:
     async with sessions() as db:
-        session = await queries.create_session(db, "t")
+        session = await queries.create_session(db, "t", OPERATOR)
         first = await claim(db, session.id, "k1")
         assert isinstance(first, queries.Claimed) and first.created
         assert first.run.status == "queued" and first.run.user_sequence == 1
@@ -73,7 +80,7 @@ async def test_a_claim_is_one_read_two_inserts_and_the_commit(database_url: str)
     try:
         sessions = session_factory(engine)
         async with sessions() as db:
-            session_id = (await queries.create_session(db, "t")).id
+            session_id = (await queries.create_session(db, "t", OPERATOR)).id
         # On SQLite the claim runs whole on the engine's pysqlite twin (one hop to a thread).
         twin = sqlite_twin(engine)
         assert (twin is not None) == database_url.startswith("sqlite")
@@ -108,7 +115,7 @@ async def test_a_claims_read_finds_the_active_run_through_its_index_not_the_sess
     try:
         sessions = session_factory(engine)
         async with sessions() as db:
-            session_id = (await queries.create_session(db, "t")).id
+            session_id = (await queries.create_session(db, "t", OPERATOR)).id
         twin = sqlite_twin(engine)
         assert twin is not None
         event.listen(twin.engine, "before_cursor_execute", keep)
@@ -132,7 +139,7 @@ async def test_claims_in_unknown_and_archived_sessions_are_refused(
         assert await claim(db, "7d0c8f3e-0000-4000-8000-000000000000", "k") == queries.ClaimRefused(
             "unknown_session"
         )
-        session_id = (await queries.create_session(db, "t")).id
+        session_id = (await queries.create_session(db, "t", OPERATOR)).id
         first = await claim(db, session_id, "k1")
         assert isinstance(first, queries.Claimed)
         await db.execute(update(Run).where(Run.id == first.run.id).values(status="completed"))
@@ -145,7 +152,7 @@ async def test_claims_in_unknown_and_archived_sessions_are_refused(
 async def test_partial_unique_index_allows_one_active_run(sessions: async_sessionmaker[AsyncSession]) -> None:
     """The index itself (not just the pre-check) refuses a second non-terminal Run."""
     async with sessions() as db:
-        session_id = (await queries.create_session(db, "t")).id
+        session_id = (await queries.create_session(db, "t", OPERATOR)).id
         first = await claim(db, session_id, "a")
         assert isinstance(first, queries.Claimed)
         first_id = first.run.id
@@ -175,7 +182,7 @@ async def test_partial_unique_index_allows_one_active_run(sessions: async_sessio
 
 async def test_concurrent_claims_admit_exactly_one(sessions: async_sessionmaker[AsyncSession]) -> None:
     async with sessions() as db:
-        session = await queries.create_session(db, "race")
+        session = await queries.create_session(db, "race", OPERATOR)
 
     async def attempt(key: str) -> object:
         async with sessions() as db:
@@ -192,7 +199,7 @@ async def test_start_run_is_atomic_and_duplicates_do_nothing(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     async with sessions() as db:
-        session = await queries.create_session(db, "t")
+        session = await queries.create_session(db, "t", OPERATOR)
         claimed = await claim(db, session.id, "k")
         assert isinstance(claimed, queries.Claimed)
         run_id = claimed.run.id
@@ -209,7 +216,7 @@ async def test_start_run_is_atomic_and_duplicates_do_nothing(
 
 async def test_commit_is_fenced_by_attempt(sessions: async_sessionmaker[AsyncSession]) -> None:
     async with sessions() as db:
-        session_id = (await queries.create_session(db, "t")).id
+        session_id = (await queries.create_session(db, "t", OPERATOR)).id
         claimed = await claim(db, session_id, "k")
         assert isinstance(claimed, queries.Claimed)
         run = await db.run_sync(runs.start_run_on, claimed.run.id)
@@ -251,7 +258,7 @@ async def test_concurrent_retries_with_one_key_all_get_the_same_run(
 ) -> None:
     """An idempotent client retrying while its first POST is in flight attaches, never 409s."""
     async with sessions() as db:
-        session_id = (await queries.create_session(db, "retry")).id
+        session_id = (await queries.create_session(db, "retry", OPERATOR)).id
 
     async def attempt() -> object:
         async with sessions() as db:
@@ -284,7 +291,7 @@ async def test_a_withdrawn_claim_leaves_nothing_and_frees_the_key(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     async with sessions() as db:
-        session_id = (await queries.create_session(db, "t")).id
+        session_id = (await queries.create_session(db, "t", OPERATOR)).id
         first = await claim(db, session_id, "k")
         assert isinstance(first, queries.Claimed)
         assert await queries.withdraw_claim(db, first.run.id) is True
@@ -300,7 +307,7 @@ async def test_take_over_bumps_the_attempt_and_fences_the_old_owner(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     async with sessions() as db:
-        session_id = (await queries.create_session(db, "t")).id
+        session_id = (await queries.create_session(db, "t", OPERATOR)).id
         claimed = await claim(db, session_id, "k")
         assert isinstance(claimed, queries.Claimed)
         run = await db.run_sync(runs.start_run_on, claimed.run.id)
@@ -324,7 +331,7 @@ async def test_cancelling_a_queued_run_writes_its_tombstone_in_one_go(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     async with sessions() as db:
-        session_id = (await queries.create_session(db, "t")).id
+        session_id = (await queries.create_session(db, "t", OPERATOR)).id
         claimed = await claim(db, session_id, "k")
         assert isinstance(claimed, queries.Claimed)
         terminal = await runs.cancel_queued_run(db, claimed.run.id)

@@ -27,6 +27,7 @@ from fleet_shared.db.models import Artifact, Workspace, utcnow
 from fleet_shared.db.queries import Claimed, claim_turn
 from fleet_shared.db.workspace_versions import WorkspaceChange, record_on
 from fleet_shared.manifests import FileEntry, Manifest, object_key
+from fleet_shared.tenancy import OPERATOR
 from tests.support.api import ApiClient, session_row
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,7 +117,13 @@ def add_run(settings: Settings, session_id: str, key: str) -> str:
         try:
             async with session_factory(engine)() as db:
                 claimed = await claim_turn(
-                    db, session_id=session_id, idempotency_key=key, fingerprint="f", text="hi", model="m"
+                    db,
+                    caller=OPERATOR,
+                    session_id=session_id,
+                    idempotency_key=key,
+                    fingerprint="f",
+                    text="hi",
+                    model="m",
                 )
         finally:
             await engine.dispose()
@@ -514,7 +521,13 @@ def add_artifact(settings: Settings, session_id: str, data: bytes, name: str) ->
         engine = create_engine(settings.database_url)
         async with session_factory(engine)() as db:
             claimed = await claim_turn(
-                db, session_id=session_id, idempotency_key="a1", fingerprint="f", text="hi", model="m"
+                db,
+                caller=OPERATOR,
+                session_id=session_id,
+                idempotency_key="a1",
+                fingerprint="f",
+                text="hi",
+                model="m",
             )
             assert isinstance(claimed, Claimed)
             run_ids.append(claimed.run.id)

@@ -39,6 +39,7 @@ from fleet_shared.metrics import (
     read_queue_counts,
     read_queue_counts_sync,
 )
+from fleet_shared.tenancy import OPERATOR
 from tests.conftest import migrate
 from tests.integration.harness import Harness
 from tests.support.api import ApiClient
@@ -249,9 +250,10 @@ async def test_a_cancelled_queued_run_is_counted_by_stage(
     engine = create_engine(settings.database_url)
     try:
         async with session_factory(engine)() as db:
-            session = await queries.create_session(db, "t")
+            session = await queries.create_session(db, "t", OPERATOR)
             claimed = await queries.claim_turn(
                 db,
+                caller=OPERATOR,
                 session_id=session.id,
                 idempotency_key="k",
                 fingerprint="f",

@@ -23,6 +23,7 @@ from fleet_shared.db.workspace_versions import WorkspaceChange
 from fleet_shared.events import RunCompleted
 from fleet_shared.manifests import FileEntry, Manifest, ManifestCache
 from fleet_shared.run_state import RunCommand, RunStatus
+from fleet_shared.tenancy import OPERATOR
 from fleet_worker.conversation import load_conversation
 from fleet_worker.settlement import commit_with_retry
 from fleet_worker.turn import Claim, claim_run
@@ -56,9 +57,15 @@ class Statements:
 
 async def queued_run(engine: AsyncEngine) -> str:
     async with session_factory(engine)() as db:
-        session_id = (await queries.create_session(db, "t")).id
+        session_id = (await queries.create_session(db, "t", OPERATOR)).id
     claimed = await queries.claim_turn(
-        engine, session_id=session_id, idempotency_key="k", fingerprint="f", text="hi", model="scripted/t"
+        engine,
+        caller=OPERATOR,
+        session_id=session_id,
+        idempotency_key="k",
+        fingerprint="f",
+        text="hi",
+        model="scripted/t",
     )
     assert isinstance(claimed, queries.Claimed)
     return claimed.run.id
@@ -144,7 +151,13 @@ async def test_a_turns_history_is_read_in_one_unit(engine: AsyncEngine) -> None:
     claim, answered = await started_run(engine)
     assert await commit_with_retry(sessions, answered, deadline=time.monotonic() + 10)
     claimed = await queries.claim_turn(
-        engine, session_id=claim.session_id, idempotency_key="k2", fingerprint="f", text="and?", model="m"
+        engine,
+        caller=OPERATOR,
+        session_id=claim.session_id,
+        idempotency_key="k2",
+        fingerprint="f",
+        text="and?",
+        model="m",
     )
     assert isinstance(claimed, queries.Claimed)
     statements = Statements(engine)
@@ -182,7 +195,8 @@ async def test_a_warm_sessions_start_reads_no_manifest_entries(engine: AsyncEngi
 
 async def next_run(engine: AsyncEngine, session_id: str) -> str:
     claimed = await queries.claim_turn(
-        engine, session_id=session_id, idempotency_key=f"k-{time.monotonic_ns()}", fingerprint="f",
+        engine,
+        caller=OPERATOR, session_id=session_id, idempotency_key=f"k-{time.monotonic_ns()}", fingerprint="f",
         text="again", model="scripted/t",
     )  # fmt: skip
     assert isinstance(claimed, queries.Claimed)

@@ -18,11 +18,12 @@ from fleet_shared.db import queries
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.db.files import StoredBytes, stored_bytes
 from fleet_shared.db.forks import fork_session
-from fleet_shared.db.models import Workspace
+from fleet_shared.db.models import Session, Workspace
 from fleet_shared.db.runs import Settlement, commit_settlement
 from fleet_shared.db.workspace_versions import WorkspaceChange
 from fleet_shared.manifests import FileEntry, Manifest
 from fleet_shared.run_state import RunCommand, RunStatus
+from fleet_shared.tenancy import OPERATOR
 
 # The gateway's fixtures (its own data dir, a store folder) are test_files_api's.
 from tests.integration.test_files_api import add_run, client, record_version, settings
@@ -41,7 +42,7 @@ def end_run(settings: Settings, run_id: str, answer: str, task: dict[str, Any]) 
             async with session_factory(engine)() as db:
                 run = await queries.get_run(db, run_id)
                 assert run is not None
-                session = await queries.get_session(db, run.session_id)
+                session = await db.get(Session, run.session_id)
                 assert session is not None
                 settlement = Settlement(
                     run_id=run_id,
@@ -208,7 +209,7 @@ def test_a_settlement_committed_during_a_fork_is_wholly_in_it_or_wholly_out(
 
         event.listen(engine.sync_engine, "before_cursor_execute", commit_meanwhile)
         try:
-            fork = await fork_session(session_factory(engine), parent["id"], None)
+            fork = await fork_session(session_factory(engine), parent["id"], None, OPERATOR)
             assert fork is not None and fired
             async with session_factory(other)() as db:
                 turns = await queries.list_turns(db, fork.id, after_sequence=0, limit=10)

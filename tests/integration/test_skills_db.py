@@ -17,7 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from fleet_shared.db import queries, skills
 from fleet_shared.db.engine import HEAD_REVISION, create_engine, current_revision, session_factory
 from fleet_shared.db.migrate import alembic_config
+from fleet_shared.db.models import Session
 from fleet_shared.skills import load_skill_cards, seed_skills, sync_skills
+from fleet_shared.tenancy import OPERATOR
 from tests.conftest import POSTGRES_ADMIN_DSN, REPO
 
 
@@ -108,10 +110,11 @@ async def test_a_claim_puts_the_selected_skills_on_the_user_turn(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     async with sessions() as db:
-        session_id = (await queries.create_session(db, "t")).id
+        session_id = (await queries.create_session(db, "t", OPERATOR)).id
         chosen = await skills.get_skills(db, ["csv-analysis", "code-review"])
         claimed = await queries.claim_turn(
             db,
+            caller=OPERATOR,
             session_id=session_id,
             idempotency_key="k",
             fingerprint="f",
@@ -151,7 +154,7 @@ async def test_migration_0005_downgrades_and_upgrades_with_rows_present(empty_da
     engine = create_engine(url)
     try:
         async with session_factory(engine)() as db:
-            session = await queries.create_session(db, "kept")
+            session = await queries.create_session(db, "kept", OPERATOR)
             assert (session.checkpoint_version, session.task) == (0, None)
         await asyncio.to_thread(command.downgrade, alembic_config(url), "0004_attachments_artifacts")
         assert await current_revision(engine) == "0004_attachments_artifacts"
@@ -167,7 +170,7 @@ async def test_migration_0005_downgrades_and_upgrades_with_rows_present(empty_da
         await asyncio.to_thread(command.upgrade, alembic_config(url), "head")
         assert await current_revision(engine) == HEAD_REVISION
         async with session_factory(engine)() as db:
-            again = await queries.get_session(db, session.id)
+            again = await db.get(Session, session.id)
         assert again is not None and again.checkpoint_version == 0  # the server default filled it
     finally:
         await engine.dispose()

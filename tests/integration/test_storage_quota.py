@@ -22,6 +22,7 @@ from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.db.models import Artifact
 from fleet_shared.events import ArtifactCreated, RunEvent, RunWarning
 from fleet_shared.ids import new_id
+from fleet_shared.tenancy import OPERATOR
 from tests.integration.harness import Harness
 from tests.integration.test_escape import HarnessFactory
 from tests.integration.test_files_api import settings_in
@@ -177,6 +178,7 @@ async def add_attachment(settings: Settings, data: bytes) -> None:
                 media_type="application/octet-stream",
                 byte_size=len(data),
                 checksum_sha256=hashlib.sha256(data).hexdigest(),
+                owner=OPERATOR,
             )
     finally:
         await engine.dispose()

@@ -15,6 +15,7 @@ from fleet_shared.db import files, queries
 from fleet_shared.db.models import Artifact
 from fleet_shared.events import ArtifactCreated, AttachmentStaged, RunWarning
 from fleet_shared.ids import new_id
+from fleet_shared.tenancy import OPERATOR
 from tests.integration.harness import Harness
 
 HarnessFactory = Callable[..., Harness]
@@ -123,6 +124,7 @@ async def test_attachments_are_staged_read_only_copies(harness_factory: HarnessF
                     media_type="text/plain",
                     byte_size=len(body),
                     checksum_sha256=hashlib.sha256(body).hexdigest(),
+                    owner=OPERATOR,
                 )
             )
     run_id = await harness.submit("read them", attachments=rows)

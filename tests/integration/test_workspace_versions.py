@@ -18,6 +18,7 @@ from moto.server import ThreadedMotoServer
 
 from fleet_shared.config import ResolvedBlobs, Settings
 from fleet_shared.db import queries, workspace_versions
+from fleet_shared.db.models import Session
 from fleet_shared.manifests import object_key
 from tests.integration.harness import Harness
 from tests.support.manifests import manifest_entries
@@ -110,7 +111,7 @@ async def test_a_session_moves_between_workers_that_share_no_disk(
     async with first.db_sessions() as db:
         run = await queries.get_run(db, wrote)
         assert run is not None
-        session = await queries.get_session(db, run.session_id)
+        session = await db.get(Session, run.session_id)
         assert session is not None
         v1 = await workspace_versions.version_row(db, session.workspace_id)
         assert v1 is not None and (v1.version, v1.run_id) == (1, wrote)

@@ -124,6 +124,11 @@ shutdownGraceSeconds: {{ $gateway.shutdown_grace_seconds | default 5 | ceil | in
 streamMaxSeconds: {{ $gateway.stream_max_seconds | default 900 | ceil | int }}
 heartbeatSeconds: {{ $runtime.heartbeat_seconds | default 10 }}
 tokenEnv: {{ $auth.token_env | default "FLEET_API_TOKEN" | quote }}
+{{- $jwt := $auth.jwt | default dict }}
+authMode: {{ .Values.gateway.auth.mode | default $auth.mode | default "token" | quote }}
+jwksUrl: {{ .Values.gateway.auth.jwt.jwksUrl | default $jwt.jwks_url | default "" | quote }}
+jwtIssuer: {{ .Values.gateway.auth.jwt.issuer | default $jwt.issuer | default "" | quote }}
+jwtAudience: {{ .Values.gateway.auth.jwt.audience | default $jwt.audience | default "" | quote }}
 provider: {{ $provider | quote }}
 memoryMb: {{ $local.memory_mb | default 1024 | int }}
 blobBackend: {{ $blobs.backend | default "local" | quote }}
@@ -190,8 +195,16 @@ Every rule values.schema.json cannot express. Included by each workload template
 {{- fail "FLEET_REDIS_URL: set secrets.existingSecret (or secrets.redisUrl.name) and secrets.redisUrl.key, or dev.redis.enabled=true for a dev cluster" }}
 {{- end }}
 {{- end }}
-{{- if not (or .Values.gateway.allowUnauthenticated (include "fleet.hasSecret" (dict "root" . "ref" .Values.secrets.apiToken))) }}
-{{- fail (printf "the gateway refuses to serve off loopback without %s: set secrets.apiToken.key (in secrets.existingSecret or secrets.apiToken.name), or gateway.allowUnauthenticated=true when a proxy in front authenticates" $s.tokenEnv) }}
+{{- if eq $s.authMode "tokens" }}
+{{- if not (include "fleet.hasSecret" (dict "root" . "ref" .Values.secrets.tokensFile)) }}
+{{- fail "gateway.auth.mode=tokens reads a tokens file: set secrets.tokensFile.key (in secrets.existingSecret or secrets.tokensFile.name)" }}
+{{- end }}
+{{- else if eq $s.authMode "jwt" }}
+{{- if not (and $s.jwksUrl $s.jwtIssuer $s.jwtAudience) }}
+{{- fail "gateway.auth.mode=jwt needs the provider: set gateway.auth.jwt.jwksUrl, issuer and audience (or the profile's gateway.auth.jwt)" }}
+{{- end }}
+{{- else if not (or .Values.gateway.allowUnauthenticated (include "fleet.hasSecret" (dict "root" . "ref" .Values.secrets.apiToken))) }}
+{{- fail (printf "the gateway refuses to serve off loopback without %s: set secrets.apiToken.key (in secrets.existingSecret or secrets.apiToken.name), gateway.auth.mode=tokens or jwt, or gateway.allowUnauthenticated=true when a proxy in front authenticates" $s.tokenEnv) }}
 {{- end }}
 {{- if and (eq .Values.worker.sandbox.mode "daytona") (ne $s.provider "daytona") }}
 {{- fail (printf "worker.sandbox.mode=daytona but profile %q has sandbox.provider = %q: choose a daytona profile (config.profile) or a local mode (userns, privileged)" $s.name $s.provider) }}
@@ -335,6 +348,19 @@ database alone.
 - name: {{ $s.tokenEnv }}
   valueFrom:
     {{- include "fleet.secretKeyRef" (dict "root" $root "ref" $root.Values.secrets.apiToken) | nindent 4 }}
+{{- end }}
+{{- if eq .component "gateway" }}
+{{- $auth := $root.Values.gateway.auth }}
+{{- range $name, $value := dict "FLEET_AUTH_MODE" $auth.mode "FLEET_AUTH_JWKS_URL" $auth.jwt.jwksUrl "FLEET_AUTH_JWT_ISSUER" $auth.jwt.issuer "FLEET_AUTH_JWT_AUDIENCE" $auth.jwt.audience "FLEET_AUTH_JWT_TENANT_CLAIM" $auth.jwt.tenantClaim }}
+{{- if $value }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
+{{- if include "fleet.hasSecret" (dict "root" $root "ref" $root.Values.secrets.tokensFile) }}
+- name: FLEET_AUTH_TOKENS_FILE
+  value: /etc/fleet/auth/tokens.toml
+{{- end }}
 {{- end }}
 - name: HOME
   value: /tmp

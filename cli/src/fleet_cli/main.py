@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import os
 import re
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version
+from pathlib import Path
 
 import structlog
 
 from fleet_cli.granian_compat import GRANIAN_LOGS_THROUGH_STRUCTLOG
 from fleet_cli.sides import refuse_without
+from fleet_shared.auth_settings import is_loopback
 from fleet_shared.config import Settings, config_summary, load_settings
 from fleet_shared.config_file import BIND_HOST_PATTERN
 from fleet_shared.errors import ConfigError
 from fleet_shared.logging import configure_logging
+from fleet_shared.tokens_file import load_tokens, mint_token
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="run without Redis and its lock (only when no other gc can run: no worker is up)",
     )
 
+    token = command("token", "API tokens for gateway.auth.mode = tokens")
+    token_commands = token.add_subparsers(dest="token_command", required=True)
+    mint = token_commands.add_parser(
+        "mint", help="add a token for a tenant and user to the tokens file; print the token once"
+    )
+    mint.add_argument("--tenant", required=True, help="the tenant the token's caller belongs to")
+    mint.add_argument("--user", required=True, help="the caller's user id within the tenant")
+    mint.add_argument(
+        "--scopes", default="", help="comma-separated: admin, sessions:read:all (default: none)"
+    )
+    mint.add_argument("--file", help="the tokens file (default: the profile's gateway.auth.tokens_file)")
+
     db = command("db", "the database schema: migrate it, or check it is current")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     db_commands.add_parser("upgrade", help="migrate the database to head")
@@ -170,16 +184,20 @@ def dispatch(args: argparse.Namespace) -> int:
         from fleet_cli.gc import run_gc
 
         return run_gc(dry_run=args.dry_run, grace_seconds=args.grace_seconds, lock=not args.no_lock)
+    if args.command == "token":
+        return run_mint(args.file, args.tenant, args.user, args.scopes)
     return run_db(args.db_command)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def run_mint(file: str | None, tenant: str, user: str, scopes: str) -> int:
+    """Appends the token's hash to the file and prints the token, which is kept nowhere else."""
+    path = Path(file) if file else load_settings(lm_credentials=False).tokens_file
+    if path is None:
+        raise ConfigError("no tokens file: pass --file, or set gateway.auth.mode = tokens and tokens_file")
+    wanted = tuple(scope.strip() for scope in scopes.split(",") if scope.strip())
+    print(mint_token(path, tenant=tenant, user=user, scopes=wanted))
+    print(f"fleet: added to {path}; the gateway reads it at start", file=sys.stderr)
+    return 0
 
 
 def bind_refusal(host: str, allow_non_loopback: bool) -> str | None:
@@ -195,7 +213,7 @@ def bind_refusal(host: str, allow_non_loopback: bool) -> str | None:
 def auth_refusal(host: str, allow_unauthenticated: bool, settings: Settings) -> str | None:
     """Why the gateway must not serve /api on `host`, or None: off loopback it needs an API token
     unless the operator says a proxy in front authenticates."""
-    if is_loopback(host) or settings.api_token is not None or allow_unauthenticated:
+    if is_loopback(host) or settings.auth_required or allow_unauthenticated:
         return None
     return (
         f"refusing to serve /api on {host} without an API token: set "
@@ -213,6 +231,8 @@ def run_gateway(
             lm_credentials=False
         )  # fail here, with one line, before Granian starts workers
         refusal = auth_refusal(host, allow_unauthenticated, settings)
+        if settings.tokens_file is not None:
+            load_tokens(settings.tokens_file)  # a bad file: one line here, not a crash in each worker
     if refusal is not None:
         print(f"fleet: {refusal}", file=sys.stderr)
         return 2

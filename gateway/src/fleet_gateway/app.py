@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -14,16 +13,16 @@ from typing import Any
 import structlog
 from litestar import Litestar, Request, Router
 from litestar.config.cors import CORSConfig
-from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
-from litestar.handlers.base import BaseRouteHandler
 from redis.asyncio import ConnectionPool, Redis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DataError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from fleet_gateway.errors import EXCEPTION_HANDLERS, ApiError, envelope, handle_unexpected
+from fleet_gateway.auth import Authenticator, SingleToken, TokenFile, authenticate, provide_caller
+from fleet_gateway.errors import EXCEPTION_HANDLERS, envelope, handle_unexpected
 from fleet_gateway.fanout import EventFanout
+from fleet_gateway.jwt_auth import JwtVerifier
 from fleet_gateway.metrics import count_response
 from fleet_gateway.middleware import (
     add_request_id_header,
@@ -55,6 +54,7 @@ from fleet_shared.jobs import ArqJobQueue
 from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import CONNECT_TIMEOUT_SECONDS, RETRY_ON_CONNECTION, listener, retry_policy
 from fleet_shared.shutdown import bounded, stop_loop
+from fleet_shared.tokens_file import load_tokens
 
 log = structlog.get_logger(__name__)
 REDIS_RETRIES = 3  # 350 ms: a blip is absorbed; an outage is a quick 503 (clients retry)
@@ -119,7 +119,7 @@ def create_app(settings: Settings) -> Litestar:
             SettingsController,
             FeedbackController,
         ],
-        guards=[require_token(settings)],
+        guards=[authenticate(build_authenticator(settings))],
         before_request=require_json_body,
     )
     return Litestar(
@@ -128,6 +128,7 @@ def create_app(settings: Settings) -> Litestar:
         dependencies={
             "gw": Provide(provide_state, sync_to_thread=False),
             "db": Provide(provide_db),
+            "caller": Provide(provide_caller, sync_to_thread=False),
         },
         exception_handlers={
             **EXCEPTION_HANDLERS,
@@ -231,22 +232,12 @@ def bad_value(request: Request[Any, Any, Any], exc: DataError) -> Any:
     return envelope(422, "validation_error", "a value is out of range or not representable")
 
 
-def require_token(settings: Settings) -> Any:
-    """Bearer auth when FLEET_API_TOKEN is set, compared in constant time."""
-
-    # async, like every guard and hook: Litestar runs a sync one in a thread pool, per request.
-    async def guard(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
-        if settings.api_token is None:
-            return
-        header = connection.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        expected = settings.api_token.reveal().encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            raise ApiError(
-                401,
-                "auth_required",
-                "a valid bearer token is required",
-                **{"WWW-Authenticate": "Bearer"},
-            )
-
-    return guard
+def build_authenticator(settings: Settings) -> Authenticator:
+    """The caller's identity by `gateway.auth.mode` (the file's problems were checked at start)."""
+    auth = settings.profile.gateway.auth
+    if auth.mode == "tokens":
+        assert settings.tokens_file is not None  # load_settings checked it
+        return TokenFile(load_tokens(settings.tokens_file))
+    if auth.mode == "jwt":
+        return JwtVerifier(auth.jwt)
+    return SingleToken(settings.api_token.reveal().encode() if settings.api_token else None)

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from fleet_shared.auth_settings import auth_from_env, check_auth
 from fleet_shared.config_file import (
     HOST_NAME_PATTERN,
     AuthSection,
@@ -137,11 +138,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     redis_url: str
     data_dir: Path
     api_token: Secret | None
+    tokens_file: Path | None = None  # gateway.auth.mode = "tokens"
     blobs: ResolvedBlobs
     skills_dir: Path  # the built-in skill cards, seeded into the DB by `fleet db upgrade`
     # Host names the gateway answers to beyond loopback and its bind address: the profile's
     # gateway.allowed_hosts, then FLEET_ALLOWED_HOSTS (comma-separated; a chart sets it).
     allowed_hosts: tuple[str, ...] = ()
+
+    @property
+    def auth_required(self) -> bool:
+        """Whether a caller must present a credential (false only for `token` with none set)."""
+        return self.profile.gateway.auth.mode != "token" or self.api_token is not None
 
     @property
     def workspaces_dir(self) -> Path:
@@ -200,6 +207,9 @@ def load_settings(environ: Mapping[str, str] | None = None, *, lm_credentials: b
         )
     token = env.get(profile.gateway.auth.token_env)
     key_prefix = f"profiles.{quote_key(profile_name)}"
+    auth = auth_from_env(profile.gateway.auth, env)
+    profile = msgspec.structs.replace(profile, gateway=msgspec.structs.replace(profile.gateway, auth=auth))
+    tokens_file = check_auth(auth, f"{key_prefix}.gateway.auth", env, base)
     return Settings(
         profile_name=profile_name,
         config_path=path,
@@ -211,6 +221,7 @@ def load_settings(environ: Mapping[str, str] | None = None, *, lm_credentials: b
         redis_url=redis_url,
         data_dir=data_dir,
         api_token=Secret(token) if token else None,
+        tokens_file=tokens_file,
         blobs=blobs_from_url(env[BLOB_URL_ENV])
         if env.get(BLOB_URL_ENV)
         else resolve_blobs(profile.storage.blobs, f"{key_prefix}.storage.blobs", env),
@@ -438,5 +449,5 @@ def config_summary(settings: Settings) -> dict[str, Any]:
         "sub_lm": settings.sub_lm.name,
         "sandbox": settings.profile.sandbox.provider,
         "database": settings.database_url.split("://", 1)[0],
-        "auth": settings.api_token is not None,
+        "auth": settings.profile.gateway.auth.mode if settings.auth_required else "none",
     }

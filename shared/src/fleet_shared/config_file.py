@@ -209,11 +209,38 @@ class LimitsSection(Section):
     max_concurrent_uploads_per_client: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 4
 
 
-class AuthSection(Section):
-    """Bearer auth for `/api/*`: on when the named variable is set (the token itself never lives
-    in the file)."""
+# Signature algorithms a JWT may use: asymmetric only, so a verifier never holds a signing
+# secret, and `none` or an HMAC "signed" with the public key can never verify.
+JwtAlgorithm = Literal[
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"
+]
 
+
+class JwtSection(Section):
+    """`mode = "jwt"`: bearer JWTs from an OIDC provider, checked against its published keys."""
+
+    jwks_url: str = ""  # https, or http to a loopback address
+    issuer: str = ""
+    audience: str = ""
+    algorithms: Annotated[tuple[JwtAlgorithm, ...], msgspec.Meta(min_length=1)] = ("RS256", "ES256")
+    tenant_claim: Annotated[str, msgspec.Meta(min_length=1, max_length=100)] = "tid"
+    leeway_seconds: Annotated[int, msgspec.Meta(ge=0, le=300)] = 30  # the clock skew allowed
+    # The key set is kept this long; a token with an unknown `kid` refetches it, at most once
+    # per `jwks_min_refresh_seconds` (so random kids cannot make the gateway hammer the provider).
+    jwks_cache_seconds: Annotated[int, msgspec.Meta(ge=10, le=86_400)] = 300
+    jwks_min_refresh_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 30
+
+
+class AuthSection(Section):
+    """Who may call `/api/*` (docs/security.md, tenancy). `token`: one bearer token from the
+    named variable, or none when it is unset; `tokens`: a file of token hashes, each bound to a
+    tenant, a user and scopes; `jwt`: OIDC bearer JWTs. Tokens themselves never live in a file."""
+
+    mode: Literal["token", "tokens", "jwt"] = "token"
     token_env: EnvName = "FLEET_API_TOKEN"
+    # `mode = "tokens"`: relative to the config file's folder; FLEET_AUTH_TOKENS_FILE overrides.
+    tokens_file: str = ""
+    jwt: JwtSection = msgspec.field(default_factory=JwtSection)
 
 
 class CorsSection(Section):

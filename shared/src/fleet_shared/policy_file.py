@@ -231,7 +231,7 @@ def check_restart(data: bytes, target: Path, keep_profiles: Collection[str], *, 
             except ConfigError as exc:
                 message = str(exc).replace(str(temp), target.name).replace(temp.name, target.name)
                 raise InvalidSettingChange(message.replace(f"{target.parent}/", "")) from None  # no folder
-            if require_auth and candidate.api_token is None:
+            if require_auth and not candidate.auth_required:
                 raise InvalidSettingChange(
                     f"{target.name}: this change would switch bearer auth off "
                     f"(profile {candidate.profile_name}: gateway.auth.token_env names an unset variable)"

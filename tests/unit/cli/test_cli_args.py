@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet_cli.main import build_parser, is_loopback, main
+from fleet_cli.main import build_parser, main
+from fleet_shared.auth_settings import is_loopback
 
 SHIPPED_CONFIG = Path(__file__).resolve().parents[3] / "config" / "fleet.toml"
 

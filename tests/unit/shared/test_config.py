@@ -415,7 +415,7 @@ def test_settings_repr_and_summary_reveal_no_secret() -> None:
         "sub_lm": "openai/gpt-4o-mini",
         "sandbox": "local",
         "database": "postgresql+asyncpg",
-        "auth": True,
+        "auth": "token",
     }
 
 

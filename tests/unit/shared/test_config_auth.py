@@ -99,3 +99,63 @@ def test_urls_without_a_password_in_the_file_and_with_one_in_env_are_fine(tmp_pa
 )
 def test_has_credentials(text: str, expected: bool) -> None:
     assert has_credentials(text) is expected
+
+
+# --- the auth modes ------------------------------------------------------------------------------
+
+JWT_TOML = (
+    '\n[profiles.p.gateway.auth]\nmode = "jwt"\n\n[profiles.p.gateway.auth.jwt]\n'
+    'jwks_url = "https://idp.example/keys"\nissuer = "https://idp.example/"\naudience = "fleet"\n'
+)
+
+
+def test_tokens_mode_needs_a_file_and_finds_it_beside_the_config(tmp_path: Path) -> None:
+    toml = '\n[profiles.p.gateway.auth]\nmode = "tokens"\n'
+    assert "tokens_file is empty and FLEET_AUTH_TOKENS_FILE is not set" in one_line_error(
+        env_for(tmp_path, toml)
+    )
+    named = load_settings(env_for(tmp_path, toml + 'tokens_file = "tokens.toml"\n'))
+    assert named.tokens_file == tmp_path / "tokens.toml" and named.auth_required
+    from_env = load_settings(env_for(tmp_path, toml, FLEET_AUTH_TOKENS_FILE="/run/secrets/tokens.toml"))
+    assert from_env.tokens_file == Path("/run/secrets/tokens.toml")
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ('jwks_url = "https://idp.example/keys"', "jwt.issuer is required"),
+        ('jwks_url = "http://idp.example/keys"\nissuer = "i"\naudience = "a"', "must be https"),
+        ('jwks_url = "https://k"\nissuer = "i"\naudience = "a"\nalgorithms = ["HS256"]', "HS256"),
+        ('jwks_url = "https://k"\nissuer = "i"\naudience = "a"\nalgorithms = ["none"]', "none"),
+    ],
+)
+def test_jwt_mode_refuses_what_cannot_be_verified_safely(tmp_path: Path, change: str, problem: str) -> None:
+    toml = f'\n[profiles.p.gateway.auth]\nmode = "jwt"\n\n[profiles.p.gateway.auth.jwt]\n{change}\n'
+    assert problem in one_line_error(env_for(tmp_path, toml))
+
+
+def test_jwt_mode_takes_a_loopback_http_jwks_and_the_deployments_variables(tmp_path: Path) -> None:
+    loopback = JWT_TOML.replace("https://idp.example/keys", "http://127.0.0.1:8080/keys")
+    assert load_settings(env_for(tmp_path, loopback)).profile.gateway.auth.jwt.jwks_url.startswith(
+        "http://127"
+    )
+    settings = load_settings(
+        env_for(
+            tmp_path,
+            FLEET_AUTH_MODE="jwt",
+            FLEET_AUTH_JWKS_URL="https://login.example/keys",
+            FLEET_AUTH_JWT_ISSUER="https://login.example/",
+            FLEET_AUTH_JWT_AUDIENCE="api://fleet",
+            FLEET_AUTH_JWT_TENANT_CLAIM="org",
+        )
+    )
+    jwt = settings.profile.gateway.auth.jwt
+    assert settings.profile.gateway.auth.mode == "jwt" and settings.auth_required
+    assert (jwt.jwks_url, jwt.issuer, jwt.audience, jwt.tenant_claim) == (
+        "https://login.example/keys",
+        "https://login.example/",
+        "api://fleet",
+        "org",
+    )
+    assert "FLEET_AUTH_*" in one_line_error(env_for(tmp_path, FLEET_AUTH_MODE="ldap"))
+    assert "jwt.jwks_url is required" in one_line_error(env_for(tmp_path, FLEET_AUTH_MODE="jwt"))

@@ -27,6 +27,7 @@ from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import Answer, ChildProgress, RunWarning, StatusChanged
 from fleet_shared.manifests import Manifest, ManifestCache, WorkspaceState
 from fleet_shared.run_state import RunCommand, RunStatus
+from fleet_shared.tenancy import DEFAULT_TENANT
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker import metrics
 from fleet_worker.artifacts import ARTIFACTS, stamp_limit
@@ -79,6 +80,7 @@ class Claim:
     attempt: int
     user_sequence: int
     started: float
+    tenant: str = DEFAULT_TENANT  # its session's (fleet_shared.tenancy): bound into every log line
     checkpoint_version: int = 0  # the session's task checkpoint as this Run found it
     task: dict[str, Any] | None = None
     workspace: WorkspaceState | None = None  # its latest version, which the Run starts from
@@ -109,23 +111,29 @@ async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
             if cancelled:
                 raise asyncio.CancelledError
             return "duplicate"
-        log.info("turn.claimed", attempt=claim.attempt)
-        metrics.observe_queue_wait(ctx.get("enqueue_time"))
-        async with AsyncExitStack() as cleanup:
-            turn = await hold(deps, claim, cleanup)
-            try:
-                if cancelled:  # the worker stopped during the claim: straight to the ending
-                    raise asyncio.CancelledError
-                outcome = await prepare_and_execute(deps, turn, cleanup)
-            except asyncio.CancelledError:
-                # The worker is stopping and its drain time ran out: end the Turn properly.
-                outcome, cancelled = with_observations(SHUTDOWN_OUTCOME, turn.program), True
-            status, cancelled_again = await finish_even_if_cancelled(settle_and_commit(deps, turn, outcome))
-        log.info("turn.settled", status=status, failure_code=outcome.failure_code)
-        metrics.observe_turn(status, claim.started)
-        if cancelled or cancelled_again:
-            raise asyncio.CancelledError  # let arq see the cancellation, now that the Turn is settled
-        return status
+        with structlog.contextvars.bound_contextvars(tenant=claim.tenant):
+            return await run_claimed(deps, ctx, claim, cancelled=cancelled)
+
+
+async def run_claimed(deps: WorkerDeps, ctx: dict[str, Any], claim: Claim, *, cancelled: bool) -> str:
+    """The claimed Turn, from its lease to its settlement; `cancelled`: the worker stopped meanwhile."""
+    log.info("turn.claimed", attempt=claim.attempt)
+    metrics.observe_queue_wait(ctx.get("enqueue_time"))
+    async with AsyncExitStack() as cleanup:
+        turn = await hold(deps, claim, cleanup)
+        try:
+            if cancelled:  # the worker stopped during the claim: straight to the ending
+                raise asyncio.CancelledError
+            outcome = await prepare_and_execute(deps, turn, cleanup)
+        except asyncio.CancelledError:
+            # The worker is stopping and its drain time ran out: end the Turn properly.
+            outcome, cancelled = with_observations(SHUTDOWN_OUTCOME, turn.program), True
+        status, cancelled_again = await finish_even_if_cancelled(settle_and_commit(deps, turn, outcome))
+    log.info("turn.settled", status=status, failure_code=outcome.failure_code)
+    metrics.observe_turn(status, claim.started)
+    if cancelled or cancelled_again:
+        raise asyncio.CancelledError  # let arq see the cancellation, now that the Turn is settled
+    return status
 
 
 async def finish_even_if_cancelled(work: Coroutine[Any, Any, T]) -> tuple[T, bool]:
@@ -167,6 +175,7 @@ def start_and_load(
         attempt=run.attempt,
         user_sequence=run.user_sequence,
         started=time.monotonic(),
+        tenant=session.tenant_id,
         checkpoint_version=session.checkpoint_version,
         task=session.task,
         workspace=workspace,

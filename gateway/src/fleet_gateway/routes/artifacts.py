@@ -19,9 +19,10 @@ from fleet_gateway.schemas import ArtifactOut
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
 from fleet_shared.blobs import BlobMissing, BlobStore, BlobStoreError, artifact_key
-from fleet_shared.db import files
+from fleet_shared.db import scoped
 from fleet_shared.db.models import Artifact
 from fleet_shared.ids import parse_uuid
+from fleet_shared.tenancy import Principal
 
 log = structlog.get_logger(__name__)
 RANGE = re.compile(r"^bytes=(\d{0,18})-(\d{0,18})$")
@@ -31,9 +32,9 @@ IfNoneMatch = Annotated[str | None, HeaderParameter(name="If-None-Match", requir
 RangeHeader = Annotated[str | None, HeaderParameter(name="Range", required=False)]
 
 
-async def load_artifact(db: AsyncSession, artifact_id: str) -> Artifact:
+async def load_artifact(db: AsyncSession, artifact_id: str, caller: Principal) -> Artifact:
     canonical = parse_uuid(artifact_id)
-    row = await files.get_artifact(db, canonical) if canonical else None
+    row = await scoped.get_artifact(db, canonical, caller) if canonical else None
     if row is None:
         raise not_found("artifact")
     return row
@@ -111,20 +112,25 @@ class ArtifactController(Controller):
 
     @get("/{artifact_id:str}")
     async def get_artifact(
-        self, db: NamedDependency[AsyncSession], artifact_id: FromPath[str]
+        self,
+        db: NamedDependency[AsyncSession],
+        caller: NamedDependency[Principal],
+        artifact_id: FromPath[str],
     ) -> ArtifactOut:
-        return ArtifactOut.of(await load_artifact(db, artifact_id), iso)
+        return ArtifactOut.of(await load_artifact(db, artifact_id, caller), iso)
 
     @get("/{artifact_id:str}/content")
     async def get_content(
         self,
+        *,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
         artifact_id: FromPath[str],
         if_none_match: IfNoneMatch = None,
         range_header: RangeHeader = None,
     ) -> Response[None] | Stream:
-        row = await load_artifact(db, artifact_id)
+        row = await load_artifact(db, artifact_id, caller)
         etag = f'"{row.checksum_sha256}"'
         headers = {
             "ETag": etag,

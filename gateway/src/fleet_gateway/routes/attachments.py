@@ -27,9 +27,10 @@ from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
 from fleet_gateway.upload_gate import UploadGate, client_of
 from fleet_shared.blobs import attachment_key
-from fleet_shared.db import files
+from fleet_shared.db import files, scoped
 from fleet_shared.db.files import StorageQuota, quota_refusal, stored_bytes
 from fleet_shared.ids import new_id, parse_uuid
+from fleet_shared.tenancy import Principal
 
 log = structlog.get_logger(__name__)
 FIELD = "attachment"
@@ -207,6 +208,7 @@ class AttachmentController(Controller):
         request: Request[Any, Any, Any],
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
     ) -> AttachmentOut:
         storage = gw.settings.profile.storage
         limit = storage.max_attachment_mb * 2**20
@@ -231,16 +233,20 @@ class AttachmentController(Controller):
             media_type=received.media_type,
             byte_size=received.size,
             checksum_sha256=received.sha256,
+            owner=caller,
         )
         log.info("attachment.stored", attachment_id=attachment_id, byte_size=received.size)
         return AttachmentOut.of(row, iso)
 
     @get("/{attachment_id:str}")
     async def get_attachment(
-        self, db: NamedDependency[AsyncSession], attachment_id: FromPath[str]
+        self,
+        db: NamedDependency[AsyncSession],
+        caller: NamedDependency[Principal],
+        attachment_id: FromPath[str],
     ) -> AttachmentOut:
         canonical = parse_uuid(attachment_id)
-        row = await files.get_attachment(db, canonical) if canonical else None
+        row = await scoped.get_attachment(db, canonical, caller) if canonical else None
         if row is None:
             raise not_found("attachment")
         return AttachmentOut.of(row, iso)

@@ -13,6 +13,7 @@ from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import FeedbackIn, FeedbackOut
 from fleet_gateway.streaming import iso
 from fleet_shared.db.feedback import record_feedback
+from fleet_shared.tenancy import Principal
 
 
 class FeedbackController(Controller):
@@ -20,14 +21,18 @@ class FeedbackController(Controller):
 
     @post("/feedback", status_code=201)
     async def submit_feedback(
-        self, db: NamedDependency[AsyncSession], session_id: FromPath[str], data: JSONBody[FeedbackIn]
+        self,
+        db: NamedDependency[AsyncSession],
+        caller: NamedDependency[Principal],
+        session_id: FromPath[str],
+        data: JSONBody[FeedbackIn],
     ) -> FeedbackOut:
         """Record an up or down rating (and an optional comment) of one of the session's Runs.
 
         It is stored in the database only: tracing (MLflow) is not implemented, so nothing is
         forwarded and `forwarded` is always false. A Run of another session answers the same 404
         as an unknown one."""
-        session = await load_session(db, session_id)
+        session = await load_session(db, session_id, caller)  # a reader may rate what it reads
         try:
             row = await record_feedback(
                 db, session_id=session.id, run_id=str(data.run_id), rating=data.rating, comment=data.comment

@@ -34,6 +34,7 @@ from fleet_shared.db import workspace_versions
 from fleet_shared.db.models import WorkspaceManifest
 from fleet_shared.ids import parse_uuid
 from fleet_shared.manifests import FileEntry, object_key
+from fleet_shared.tenancy import Principal
 
 MAX_LIST = 1000
 MAX_TREE_ENTRIES = 2000
@@ -200,10 +201,17 @@ class FilesController(Controller):
     dependencies = {"chosen": Provide(chosen_version, sync_to_thread=False)}
 
     async def workspace(
-        self, db: AsyncSession, gw: GatewayState, session_id: str, path: str, chosen: Chosen
+        self,
+        db: AsyncSession,
+        gw: GatewayState,
+        caller: Principal,
+        session_id: str,
+        *,
+        path: str,
+        chosen: Chosen,
     ) -> tuple[WorkspaceIndex, str]:
         """The chosen version's index and the normalised path asked for."""
-        session = await load_session(db, session_id)
+        session = await load_session(db, session_id, caller)
         try:
             parts = parts_of(path)
         except OutsideTree:
@@ -238,11 +246,12 @@ class FilesController(Controller):
         *,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
         chosen: NamedDependency[Chosen],
         session_id: SessionId,
         path: PathParam = "",
     ) -> Listing:
-        index, folder = await self.workspace(db, gw, session_id, path, chosen)
+        index, folder = await self.workspace(db, gw, caller, session_id, path=path, chosen=chosen)
         items, truncated = list_folder(index, folder)
         return Listing(session_id=session_id, path=folder, items=items, truncated=truncated)
 
@@ -252,11 +261,12 @@ class FilesController(Controller):
         *,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
         chosen: NamedDependency[Chosen],
         session_id: SessionId,
         path: PathParam = "",
     ) -> Entry:
-        index, found = await self.workspace(db, gw, session_id, path, chosen)
+        index, found = await self.workspace(db, gw, caller, session_id, path=path, chosen=chosen)
         return stat_path(index, found)
 
     @get("/files/content")
@@ -265,13 +275,14 @@ class FilesController(Controller):
         *,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
         chosen: NamedDependency[Chosen],
         session_id: SessionId,
         path: PathParam,
         max_chars: Annotated[int, QueryParameter(ge=1, le=200_000)] = 20_000,
         cursor: Annotated[str, QueryParameter(max_length=20, pattern=r"^[0-9]*$")] = "",
     ) -> Content:
-        index, found = await self.workspace(db, gw, session_id, path, chosen)
+        index, found = await self.workspace(db, gw, caller, session_id, path=path, chosen=chosen)
         entry = index.file(found)
         if entry is None:
             raise not_found("file")
@@ -297,12 +308,13 @@ class FilesController(Controller):
         *,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
         chosen: NamedDependency[Chosen],
         session_id: SessionId,
         root: PathParam = "",
         depth: Annotated[int, QueryParameter(ge=1, le=8)] = 3,
     ) -> Tree:
-        index, folder = await self.workspace(db, gw, session_id, root, chosen)
+        index, folder = await self.workspace(db, gw, caller, session_id, path=root, chosen=chosen)
         top, truncated = build_tree(index, folder, depth)
         return Tree(session_id=session_id, root=top, truncated=truncated)
 
@@ -311,12 +323,13 @@ class FilesController(Controller):
         self,
         *,
         db: NamedDependency[AsyncSession],
+        caller: NamedDependency[Principal],
         session_id: FromPath[str],
         limit: Annotated[int, QueryParameter(ge=1, le=100)] = 50,
         before_version: Annotated[int | None, QueryParameter(ge=1, le=MAX_INT32)] = None,
     ) -> WorkspaceVersionPage:
         """The session's workspace versions, newest first: one per Turn that left its files."""
-        session = await load_session(db, session_id)
+        session = await load_session(db, session_id, caller)
         rows = await workspace_versions.version_page(
             db, session.workspace_id, before_version=before_version, limit=limit
         )

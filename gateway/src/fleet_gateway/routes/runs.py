@@ -17,10 +17,11 @@ from fleet_gateway.litestar_compat import EventStream
 from fleet_gateway.schemas import CancellationOut, RunOut
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
-from fleet_shared.db import queries
+from fleet_shared.db import scoped
 from fleet_shared.db.models import Run
 from fleet_shared.ids import parse_uuid
 from fleet_shared.run_state import is_terminal
+from fleet_shared.tenancy import Principal
 
 log = structlog.get_logger(__name__)
 
@@ -34,17 +35,20 @@ LastEventId = Annotated[
 ]
 
 
-async def find_run(db: AsyncSession, run_id: str) -> Run | None:
+async def find_run(db: AsyncSession, run_id: str, caller: Principal, *, write: bool = False) -> Run | None:
+    """The Run, if its session is the caller's to read (or with `write`, to change)."""
     canonical = parse_uuid(run_id)
-    return await queries.get_run(db, canonical) if canonical else None
+    return await scoped.get_run(db, canonical, caller, write=write) if canonical else None
 
 
 class RunController(Controller):
     path = "/api/runs/{run_id:str}"
 
     @get("/")
-    async def get_run(self, db: NamedDependency[AsyncSession], run_id: FromPath[str]) -> RunOut:
-        run = await find_run(db, run_id)
+    async def get_run(
+        self, db: NamedDependency[AsyncSession], caller: NamedDependency[Principal], run_id: FromPath[str]
+    ) -> RunOut:
+        run = await find_run(db, run_id, caller)
         if run is None:
             raise not_found("run")
         return RunOut.of(run, iso)
@@ -52,8 +56,10 @@ class RunController(Controller):
     @get("/stream", status_code=200)
     async def resume_stream(
         self,
+        *,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
         run_id: FromPath[str],
         last_event_id: LastEventId = None,
     ) -> EventStream | Response[None]:
@@ -61,7 +67,7 @@ class RunController(Controller):
         after = START if not (last_event_id or "").strip() else parse_last_event_id(last_event_id or "")
         if after is None:
             raise ApiError(422, "validation_error", "Last-Event-ID must be a frame id of this stream")
-        run = await find_run(db, run_id)
+        run = await find_run(db, run_id, caller)
         if run is None:
             return Response(None, status_code=204)
         view = RunView.of(run)
@@ -76,9 +82,13 @@ class RunController(Controller):
 
     @put("/cancellation", status_code=200)
     async def cancel(
-        self, db: NamedDependency[AsyncSession], gw: NamedDependency[GatewayState], run_id: FromPath[str]
+        self,
+        db: NamedDependency[AsyncSession],
+        gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
+        run_id: FromPath[str],
     ) -> CancellationOut:
-        run = await find_run(db, run_id)
+        run = await find_run(db, run_id, caller, write=True)
         if run is None:
             raise not_found("run")
         return CancellationOut(run.id, await request_cancellation(gw, db, run))

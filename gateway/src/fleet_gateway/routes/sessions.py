@@ -23,16 +23,20 @@ from fleet_gateway.schemas import (
 )
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
-from fleet_shared.db import queries
+from fleet_shared.db import queries, scoped
 from fleet_shared.db.forks import fork_session
 from fleet_shared.db.models import Session
 from fleet_shared.ids import parse_uuid
+from fleet_shared.tenancy import Principal
 
 
-async def load_session(db: AsyncSession, session_id: str) -> Session:
-    """The session, or the same 404 for malformed, missing and foreign ids."""
+async def load_session(
+    db: AsyncSession, session_id: str, caller: Principal, *, write: bool = False
+) -> Session:
+    """The session, or the same 404 for malformed, missing and foreign ids (another tenant's, or
+    another user's without `sessions:read:all`; to change it, only its owner's)."""
     canonical = parse_uuid(session_id)
-    session = await queries.get_session(db, canonical) if canonical else None
+    session = await scoped.get_session(db, canonical, caller, write=write) if canonical else None
     if session is None:
         raise not_found("session")
     return session
@@ -43,16 +47,21 @@ class SessionController(Controller):
 
     @post("/", status_code=201)
     async def create_session(
-        self, db: NamedDependency[AsyncSession], data: JSONBody[CreateSession | None] = None
+        self,
+        db: NamedDependency[AsyncSession],
+        caller: NamedDependency[Principal],
+        data: JSONBody[CreateSession | None] = None,
     ) -> SessionOut:
         title = (data.title if data else "").strip()
-        session = await queries.create_session(db, title)
+        session = await queries.create_session(db, title, caller)
         return SessionOut.of(session, iso)
 
     @get("/")
     async def list_sessions(
         self,
+        *,
         db: NamedDependency[AsyncSession],
+        caller: NamedDependency[Principal],
         status: FromQuery[str | None] = None,
         search: Annotated[str | None, QueryParameter(max_length=200, pattern=NO_NUL)] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=100)] = 50,
@@ -60,24 +69,30 @@ class SessionController(Controller):
     ) -> SessionPage:
         if status not in (None, "active", "archived"):
             raise ApiError(422, "validation_error", "status must be 'active' or 'archived'")
-        rows, total = await queries.list_sessions(
-            db, status=status, search=search, limit=limit, offset=offset
+        rows, total = await scoped.list_sessions(
+            db, caller, status=status, search=search, limit=limit, offset=offset
         )
         return SessionPage([SessionOut.of(s, iso) for s in rows], total)
 
     @get("/{session_id:str}")
-    async def get_session(self, db: NamedDependency[AsyncSession], session_id: FromPath[str]) -> SessionOut:
-        return SessionOut.of(await load_session(db, session_id), iso)
+    async def get_session(
+        self, db: NamedDependency[AsyncSession], caller: NamedDependency[Principal], session_id: FromPath[str]
+    ) -> SessionOut:
+        return SessionOut.of(await load_session(db, session_id, caller), iso)
 
     @patch("/{session_id:str}")
     async def update_session(
-        self, db: NamedDependency[AsyncSession], session_id: FromPath[str], data: JSONBody[UpdateSession]
+        self,
+        db: NamedDependency[AsyncSession],
+        caller: NamedDependency[Principal],
+        session_id: FromPath[str],
+        data: JSONBody[UpdateSession],
     ) -> SessionOut:
         """Rename and/or archive a session. An archived session refuses new Turns (409
         `session_archived`); a Turn already running finishes, and history stays readable."""
         if data.title is msgspec.UNSET and data.status is msgspec.UNSET:
             raise ApiError(422, "validation_error", "body: set at least one of title, status")
-        session = await load_session(db, session_id)
+        session = await load_session(db, session_id, caller, write=True)
         title = None if data.title is msgspec.UNSET else data.title.strip()
         status = None if data.status is msgspec.UNSET else data.status
         updated = await queries.update_session(db, session.id, title=title, status=status)
@@ -86,15 +101,18 @@ class SessionController(Controller):
         return SessionOut.of(updated, iso)
 
     @get("/{session_id:str}/task")
-    async def get_task(self, db: NamedDependency[AsyncSession], session_id: FromPath[str]) -> TaskOut:
+    async def get_task(
+        self, db: NamedDependency[AsyncSession], caller: NamedDependency[Principal], session_id: FromPath[str]
+    ) -> TaskOut:
         """The bounded goal-and-progress checkpoint, as the last commit wrote it (docs/rlm.md)."""
-        return TaskOut.of(await load_session(db, session_id))
+        return TaskOut.of(await load_session(db, session_id, caller))
 
     @post("/{session_id:str}/fork", status_code=201)
     async def fork(
         self,
         db: NamedDependency[AsyncSession],
         gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
         session_id: FromPath[str],
         data: JSONBody[ForkSession | None] = None,
     ) -> SessionOut:
@@ -102,10 +120,10 @@ class SessionController(Controller):
         Runs, its task checkpoint and its workspace versions (rows only; no file is copied).
         From then on each has its own history and workspace. A Run still in progress is not
         part of the fork (docs/api.md)."""
-        parent = await load_session(db, session_id)
+        parent = await load_session(db, session_id, caller)  # a reader may fork: the fork is its own
         await db.commit()  # the fork runs in a transaction of its own (fleet_shared.db.forks)
         title = None if data is None or data.title is msgspec.UNSET else data.title.strip()
-        forked = await fork_session(gw.db_sessions, parent.id, title)
+        forked = await fork_session(gw.db_sessions, parent.id, title, caller)
         if forked is None:
             raise not_found("session")
         return SessionOut.of(forked, iso)

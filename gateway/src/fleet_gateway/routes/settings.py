@@ -18,12 +18,14 @@ from litestar.di import NamedDependency
 from litestar.handlers.base import BaseRouteHandler
 from litestar.params import JSONBody
 
+from fleet_gateway.auth import PRINCIPAL_STATE
 from fleet_gateway.errors import ApiError
 from fleet_gateway.origins import from_this_host
 from fleet_gateway.schemas import SettingsChange, SettingsOut, SettingsUpdated
 from fleet_gateway.state import GatewayState
 from fleet_shared import policy_file
 from fleet_shared.errors import ConfigError, InvalidSettingChange, SettingsConflict
+from fleet_shared.tenancy import ADMIN, Principal
 
 log = structlog.get_logger(__name__)
 
@@ -33,8 +35,11 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
 async def require_local_operator(
     connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler
 ) -> None:
-    """A loopback peer, and no web page in between: not even one whose origin may call the rest
-    of the API (the bearer token, when one is set, is required like everywhere under /api)."""
+    """A caller with the `admin` scope, on a loopback peer, and no web page in between: not even
+    one whose origin may call the rest of the API. Runs after the API's authentication guard."""
+    principal = connection.state.get(PRINCIPAL_STATE)
+    if not isinstance(principal, Principal) or not principal.may(ADMIN):
+        raise ApiError(403, "forbidden", "settings need the `admin` scope")
     client = connection.client
     if client is None or client.host not in LOOPBACK_HOSTS:
         raise ApiError(403, "forbidden", "settings are served to loopback clients only")
@@ -68,7 +73,7 @@ class SettingsController(Controller):
                 data.revision,
                 data.set,
                 (gw.settings.profile_name,),  # a restart of this process must find its profile
-                require_auth=gw.settings.api_token is not None,
+                require_auth=gw.settings.auth_required,
             )
         except SettingsConflict:
             raise ApiError(

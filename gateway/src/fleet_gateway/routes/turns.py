@@ -20,11 +20,12 @@ from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
-from fleet_shared.db import files, queries, runs, skills
+from fleet_shared.db import queries, runs, scoped, skills
 from fleet_shared.db.models import Attachment, Run, Skill
 from fleet_shared.ids import parse_uuid
 from fleet_shared.run_state import is_terminal
 from fleet_shared.skills import SKILL_ID
+from fleet_shared.tenancy import Principal
 
 log = structlog.get_logger(__name__)
 TURN_STREAM_DESCRIPTION = (
@@ -52,14 +53,17 @@ IdempotencyKey = Annotated[
 ]
 
 
-async def check_attachments(db: AsyncSession, data: TurnRequest, limit: int) -> list[Attachment]:
-    """The Turn's attachments, each known, none twice: checked before the stream opens."""
+async def check_attachments(
+    db: AsyncSession, data: TurnRequest, limit: int, caller: Principal
+) -> list[Attachment]:
+    """The Turn's attachments, each the caller's own, none twice: checked before the stream
+    opens. Another user's or tenant's attachment is as unknown as a made-up id."""
     ids = [str(i) for i in data.attachment_ids]
     if len(ids) > limit:
         raise ApiError(422, "validation_error", f"attachment_ids: at most {limit} per Turn")
     if len(set(ids)) != len(ids):
         raise ApiError(422, "validation_error", "attachment_ids: an attachment is listed twice")
-    found = await files.get_attachments(db, ids)
+    found = await scoped.get_attachments(db, ids, caller)
     known = {a.id for a in found}
     for attachment_id in ids:
         if attachment_id not in known:
@@ -117,7 +121,9 @@ class TurnController(Controller):
     )
     async def submit_turn(
         self,
+        *,
         gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
         session_id: FromPath[str],
         data: JSONBody[TurnRequest],
         idempotency_key: IdempotencyKey,
@@ -135,9 +141,9 @@ class TurnController(Controller):
             # them, the claim's own read finds the session: no ORM session at all before the
             # stream, whose first byte would wait for one to be made and closed (ADR 0015).
             async with gw.db_sessions() as db:
-                canonical = (await load_session(db, canonical)).id
+                canonical = (await load_session(db, canonical, caller, write=True)).id
                 limit = gw.settings.profile.storage.max_attachments_per_turn
-                attachments = await check_attachments(db, data, limit)
+                attachments = await check_attachments(db, data, limit, caller)
                 selected = await check_skills(db, data)
         session_id = canonical
         started = time.perf_counter()
@@ -148,6 +154,7 @@ class TurnController(Controller):
             fingerprint=hashlib.sha256(data.fingerprint_bytes()).hexdigest(),
             text=data.text,
             model=gw.settings.root_lm.name,
+            caller=caller,
             attachments=attachments,
             skills=selected,
         )
@@ -179,12 +186,14 @@ class TurnController(Controller):
     @get("/")
     async def list_turns(
         self,
+        *,
         db: NamedDependency[AsyncSession],
+        caller: NamedDependency[Principal],
         session_id: FromPath[str],
         limit: Annotated[int, QueryParameter(ge=1, le=200)] = 100,
         after_sequence: Annotated[int, QueryParameter(ge=0, le=MAX_INT32)] = 0,
     ) -> TurnPage:
-        session = await load_session(db, session_id)
+        session = await load_session(db, session_id, caller)
         rows = await queries.list_turns(db, session.id, after_sequence=after_sequence, limit=limit)
         ended = [t.run_id for t in rows if t.role == "assistant" and t.status != "completed"]
         failures = (

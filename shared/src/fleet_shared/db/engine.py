@@ -36,6 +36,7 @@ REVISIONS = (
     "0006_feedback",
     "0007_workspace_versions",
     "0008_no_settling_status",
+    "0009_tenancy",
 )
 HEAD_REVISION = REVISIONS[-1]
 CONNECT_TIMEOUT_SECONDS = 5

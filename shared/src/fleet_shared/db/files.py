@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.config_file import StorageSection
 from fleet_shared.db.models import Artifact, Attachment, Session, WorkspaceVersion, utcnow
+from fleet_shared.tenancy import Principal
 
 MIB = 2**20
 
@@ -112,9 +113,12 @@ async def add_attachment(
     media_type: str,
     byte_size: int,
     checksum_sha256: str,
+    owner: Principal,
 ) -> Attachment:
     row = Attachment(
         id=attachment_id,
+        tenant_id=owner.tenant,
+        owner_id=owner.user,
         filename=filename,
         media_type=media_type,
         byte_size=byte_size,
@@ -126,15 +130,6 @@ async def add_attachment(
     return row
 
 
-async def get_attachment(db: AsyncSession, attachment_id: str) -> Attachment | None:
-    return await db.get(Attachment, attachment_id)
-
-
-async def get_attachments(db: AsyncSession, ids: Sequence[str]) -> list[Attachment]:
-    """The attachments with these ids, in the order asked (unknown ids are left out)."""
-    return await db.run_sync(get_attachments_on, ids) if ids else []
-
-
 def get_attachments_on(db: OrmSession, ids: Sequence[str]) -> list[Attachment]:
     """get_attachments on a synchronous session (fleet_shared.db.engine.run_whole)."""
     if not ids:
@@ -142,7 +137,3 @@ def get_attachments_on(db: OrmSession, ids: Sequence[str]) -> list[Attachment]:
     rows = db.scalars(select(Attachment).where(Attachment.id.in_(list(ids)))).all()
     found = {row.id: row for row in rows}
     return [found[i] for i in ids if i in found]
-
-
-async def get_artifact(db: AsyncSession, artifact_id: str) -> Artifact | None:
-    return await db.get(Artifact, artifact_id)

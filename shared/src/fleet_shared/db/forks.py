@@ -20,6 +20,7 @@ from fleet_shared.db.engine import run_whole
 from fleet_shared.db.models import Run, Session, Turn, Workspace, utcnow
 from fleet_shared.ids import new_id
 from fleet_shared.run_state import ACTIVE_STATUSES
+from fleet_shared.tenancy import Principal
 
 TURNS = cast(Table, Turn.__table__)
 RUNS = cast(Table, Run.__table__)
@@ -30,13 +31,13 @@ ACTIVE = sorted(status.value for status in ACTIVE_STATUSES)
 
 
 async def fork_session(
-    db_sessions: async_sessionmaker[AsyncSession], parent_id: str, title: str | None
+    db_sessions: async_sessionmaker[AsyncSession], parent_id: str, title: str | None, owner: Principal
 ) -> Session | None:
     """The new session (`title`, or the parent's), or None when there is no such parent."""
-    return await run_whole(db_sessions, lambda db: fork_on(db, parent_id, title))
+    return await run_whole(db_sessions, lambda db: fork_on(db, parent_id, title, owner))
 
 
-def fork_on(db: OrmSession, parent_id: str, title: str | None) -> Session | None:
+def fork_on(db: OrmSession, parent_id: str, title: str | None, owner: Principal) -> Session | None:
     """The fork in one transaction that reads one state of the parent.
 
     On PostgreSQL the transaction is REPEATABLE READ: every read sees the snapshot of its first
@@ -66,6 +67,8 @@ def fork_on(db: OrmSession, parent_id: str, title: str | None) -> Session | None
         workspace.version = latest
     fork = Session(
         id=session_id,
+        tenant_id=parent.tenant_id,
+        owner_id=owner.user,  # the caller's, who may have read a session of another user
         workspace_id=workspace.id,
         title=parent.title if title is None else title,
         status="active",

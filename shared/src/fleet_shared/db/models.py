@@ -9,6 +9,7 @@ from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, S
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from fleet_shared.run_state import ACTIVE_STATUSES
+from fleet_shared.tenancy import DEFAULT_TENANT, OPERATOR
 
 
 def utcnow() -> datetime:
@@ -62,8 +63,12 @@ class WorkspaceVersion(Base):
 
 class Session(Base):
     __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_tenant_owner_created", "tenant_id", "owner_id", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    # Who made it (fleet_shared.tenancy): everything under a session is reached through it.
+    tenant_id: Mapped[str] = mapped_column(String(128), default=DEFAULT_TENANT, server_default=DEFAULT_TENANT)
+    owner_id: Mapped[str] = mapped_column(String(255), default=OPERATOR.user, server_default=OPERATOR.user)
     workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id"), index=True)
     title: Mapped[str] = mapped_column(String(200), default="")
     status: Mapped[str] = mapped_column(String(16), default="active", index=True)
@@ -143,6 +148,8 @@ class Attachment(Base):
     __tablename__ = "attachments"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), default=DEFAULT_TENANT, server_default=DEFAULT_TENANT)
+    owner_id: Mapped[str] = mapped_column(String(255), default=OPERATOR.user, server_default=OPERATOR.user)
     filename: Mapped[str] = mapped_column(String(255))
     media_type: Mapped[str] = mapped_column(String(255))
     byte_size: Mapped[int] = mapped_column(BigInteger)

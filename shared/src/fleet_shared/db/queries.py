@@ -32,18 +32,21 @@ from fleet_shared.events import (
 from fleet_shared.ids import new_id
 from fleet_shared.run_state import RunStatus
 from fleet_shared.skills import selected_skill_part
+from fleet_shared.tenancy import Principal
 from fleet_shared.transcript import attachment_part
 
 # --- sessions ---------------------------------------------------------------------------------
 
 
-async def create_session(db: AsyncSession, title: str) -> Session:
-    """A session and its own workspace: no other session ever sees its files."""
+async def create_session(db: AsyncSession, title: str, owner: Principal) -> Session:
+    """A session of the caller's, and its own workspace: no other session ever sees its files."""
     stamp = utcnow()
     session_id = new_id()
     workspace = Workspace(id=new_id(), name=f"session-{session_id}", created_at=stamp)
     session = Session(
         id=session_id,
+        tenant_id=owner.tenant,
+        owner_id=owner.user,
         workspace_id=workspace.id,
         title=title,
         status="active",
@@ -55,23 +58,6 @@ async def create_session(db: AsyncSession, title: str) -> Session:
     db.add(session)
     await db.commit()
     return session
-
-
-async def get_session(db: AsyncSession, session_id: str) -> Session | None:
-    return await db.get(Session, session_id)
-
-
-async def list_sessions(
-    db: AsyncSession, *, status: str | None, search: str | None, limit: int, offset: int
-) -> tuple[Sequence[Session], int]:
-    query = select(Session)
-    if status:
-        query = query.where(Session.status == status)
-    if search:
-        query = query.where(Session.title.ilike(contains_pattern(search), escape="\\"))
-    total = await db.scalar(select(func.count()).select_from(query.subquery()))
-    rows = await db.scalars(query.order_by(Session.created_at.desc(), Session.id).limit(limit).offset(offset))
-    return rows.all(), int(total or 0)
 
 
 async def update_session(
@@ -122,7 +108,7 @@ TURNS = cast(Table, Turn.__table__)
 class ClaimContext:
     """What a claim needs to know before it writes, read in one statement."""
 
-    session_status: str | None  # None: no such session
+    session_status: str | None  # None: no such session, or not the caller's to change
     keyed: Run | None  # the Run holding this key
     active: Run | None  # the session's active Run, when it holds another key
     last_sequence: int
@@ -136,7 +122,7 @@ LAST_SEQUENCE = (
     select(func.max(TURNS.c.sequence)).where(TURNS.c.session_id == bindparam("session_id")).scalar_subquery()
 )
 CLAIM_CONTEXT = (
-    select(SESSIONS.c.status, LAST_SEQUENCE, *RUNS.c)
+    select(SESSIONS.c.status, SESSIONS.c.tenant_id, SESSIONS.c.owner_id, LAST_SEQUENCE, *RUNS.c)
     .select_from(SESSIONS)
     .outerjoin(
         RUNS,
@@ -168,20 +154,23 @@ class ClaimRequest:
     fingerprint: str
     model: str
     parts: list[dict[str, object]]  # the user Turn's UIMessage parts
+    caller: Principal
 
 
-def read_claim_context(connection: Connection, session_id: str, key: str) -> ClaimContext:
+def read_claim_context(connection: Connection, request: ClaimRequest) -> ClaimContext:
     """An outer join from the session row, so the session's status and last sequence come back
-    even when no Run matches (and no row at all means no session)."""
-    rows = connection.execute(CLAIM_CONTEXT, {"session_id": session_id, "key": key}).all()
-    if not rows:
+    even when no Run matches (and no row at all means no session). A session the caller may not
+    change reads as none: another tenant's is the same 404 as an unknown one."""
+    key = request.idempotency_key
+    rows = connection.execute(CLAIM_CONTEXT, {"session_id": request.session_id, "key": key}).all()
+    if not rows or not request.caller.may_change(rows[0][1], rows[0][2]):
         return ClaimContext(None, None, None, 0)
-    runs = [run_of(row[2:]) for row in rows if row[2] is not None]
+    runs = [run_of(row[4:]) for row in rows if row[4] is not None]
     return ClaimContext(
         session_status=rows[0][0],
         keyed=next((run for run in runs if run.idempotency_key == key), None),
         active=next((run for run in runs if run.idempotency_key != key), None),
-        last_sequence=int(rows[0][1] or 0),
+        last_sequence=int(rows[0][3] or 0),
     )
 
 
@@ -212,6 +201,7 @@ async def claim_turn(
     fingerprint: str,
     text: str,
     model: str,
+    caller: Principal,
     attachments: Sequence[Attachment] = (),
     skills: Sequence[Skill] = (),
 ) -> Claimed | ClaimRefused:
@@ -236,7 +226,7 @@ async def claim_turn(
         *(attachment_part(a.id, a.filename, a.byte_size) for a in attachments),
         *(selected_skill_part(skill) for skill in skills),
     ]
-    request = ClaimRequest(session_id, idempotency_key, fingerprint, model, parts)
+    request = ClaimRequest(session_id, idempotency_key, fingerprint, model, parts, caller)
     twin = sqlite_twin(engine)
     if twin is not None:
         return await twin.run(functools.partial(claim_on_twin, request=request))
@@ -257,7 +247,7 @@ def claim_transaction(connection: Connection, request: ClaimRequest) -> Claimed 
     except IntegrityError:
         # A concurrent claim won the race: answer as if it had committed before we looked.
         connection.rollback()
-        context = read_claim_context(connection, request.session_id, request.idempotency_key)
+        context = read_claim_context(connection, request)
         outcome = outcome_of(context, request.fingerprint) or ClaimRefused("turn_in_progress")
     if isinstance(outcome, Claimed) and outcome.created:
         connection.commit()
@@ -269,7 +259,7 @@ def claim_transaction(connection: Connection, request: ClaimRequest) -> Claimed 
 def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
     """The Run (`queued`) and the user Turn inserted, unless the key's Run, an active Run or an
     archived session answers first."""
-    context = read_claim_context(connection, request.session_id, request.idempotency_key)
+    context = read_claim_context(connection, request)
     outcome = outcome_of(context, request.fingerprint)
     if outcome is not None:
         return outcome
