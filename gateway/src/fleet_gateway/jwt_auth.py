@@ -4,6 +4,7 @@ published keys (JWKS), which are cached and refetched at a bounded rate."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -39,27 +40,35 @@ class JwksCache:
 
     async def refresh(self) -> None:
         async with self.lock:  # one fetch at a time; those who waited use its result
-            if time.monotonic() - self.fetched_at < self.min_refresh_seconds:
-                return
-            self.fetched_at = time.monotonic()
-            try:
-                async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_SECONDS, follow_redirects=False) as client:
-                    response = await client.get(self.url, headers={"accept": "application/json"})
+            if time.monotonic() - self.fetched_at >= self.min_refresh_seconds:
+                self.fetched_at = time.monotonic()
+                await self.fetch()
+            if not self.keys:  # never fetched a usable set: the provider, not the token, is at fault
+                raise ApiError(
+                    503, "service_unavailable", "the identity provider's keys are unavailable; retry"
+                )
+
+    async def fetch(self) -> None:
+        """The provider's current set in place of ours; on any failure, ours is kept."""
+        try:
+            async with (
+                httpx.AsyncClient(timeout=FETCH_TIMEOUT_SECONDS, follow_redirects=False) as client,
+                client.stream("GET", self.url, headers={"accept": "application/json"}) as response,
+            ):
                 response.raise_for_status()
-                if len(response.content) > MAX_JWKS_BYTES:
-                    raise ValueError("the key set is too large")
-                keyset = jwt.PyJWKSet.from_dict(response.json())
-            except (httpx.HTTPError, ValueError, jwt.PyJWKSetError) as exc:
-                log.warning("auth.jwks_unavailable", error_type=type(exc).__name__)
-                if not self.keys:
-                    raise ApiError(
-                        503, "service_unavailable", "the identity provider's keys are unavailable; retry"
-                    ) from None
-                return  # keep the keys we have until the provider answers again
-            keys: dict[str | None, jwt.PyJWK] = {key.key_id: key for key in keyset.keys}
-            if len(keyset.keys) == 1:
-                keys[None] = keyset.keys[0]  # a token without `kid` may use a set's only key
-            self.keys = keys
+                body = b""
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > MAX_JWKS_BYTES:
+                        raise ValueError("the key set is too large")
+            keyset = jwt.PyJWKSet.from_dict(json.loads(body))
+        except (httpx.HTTPError, ValueError, jwt.PyJWKSetError) as exc:
+            log.warning("auth.jwks_unavailable", error_type=type(exc).__name__)
+            return
+        keys: dict[str | None, jwt.PyJWK] = {key.key_id: key for key in keyset.keys}
+        if len(keyset.keys) == 1:
+            keys[None] = keyset.keys[0]  # a token without `kid` may use a set's only key
+        self.keys = keys
 
 
 class JwtVerifier:

@@ -44,9 +44,10 @@ TURN_EXAMPLE: dict[str, object] = {
     "skill_selections": [{"id": "long-document-qa", "expected_version": "1.0"}],
 }
 ERRORS: dict[str, str] = {
-    "401": "`auth_required`: FLEET_API_TOKEN is set and the bearer token is missing or wrong",
+    "401": "`auth_required`: the bearer credential (gateway.auth.mode) is missing or not valid",
     "403": (
-        "`forbidden`: the route is for loopback clients only; `origin_not_allowed`: a change from a web "
+        "`forbidden`: the route is for loopback clients with the `admin` scope only; "
+        "`origin_not_allowed`: a change from a web "
         "page of another origin (gateway.cors); `upload_header_required`: an upload without "
         "X-Requested-With or a bearer token"
     ),
@@ -60,11 +61,13 @@ ERRORS: dict[str, str] = {
     "421": "`host_not_allowed`: the Host header is not a name this gateway answers to",
     "422": "`validation_error`, `invalid_skill_selection`: the request breaks the schema or a rule",
     "429": "`too_many_uploads`: this client has gateway.limits.max_concurrent_uploads_per_client "
-    "uploads in progress; see Retry-After",
+    "uploads in progress; `quota_exceeded`: the tenant is at quotas.active_turns or "
+    "quotas.turns_per_minute; see Retry-After",
     "431": "`headers_too_large`: the headers are over gateway.limits.max_header_bytes",
     "500": "`internal_error`: a bug; details only in the server log",
     "503": "`service_unavailable`: the database, Redis or the blob store is down; retry",
-    "507": "`storage_quota_exceeded`: the blob store is at storage.quota_deployment_mb; nothing was stored",
+    "507": "`storage_quota_exceeded`: the blob store is at a quota (storage.quota_*, quotas.storage_mb); "
+    "nothing was stored",
 }
 
 
@@ -180,7 +183,9 @@ def statuses(path: str, method: str, operation: Operation) -> list[str]:
     if path == "/api/settings":
         found += ["403", "409"] if method == "patch" else ["403"]
     if method == "post" and path.endswith("/turns"):
-        found.append("409")
+        found += ["409", "429"]
+    if method == "post" and path.endswith("/fork"):
+        found.append("507")
     if path.endswith("/content") and path.startswith("/api/artifacts"):
         found.append("416")
     if path.startswith(("/api/files", "/api/volume")):  # the session named in the query

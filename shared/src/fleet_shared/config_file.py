@@ -277,6 +277,28 @@ class ObservabilitySection(Section):
     log_format: Literal["auto", "json", "console"] = "auto"
 
 
+class QuotaLimits(Section):
+    """One tenant's limits; 0 means none."""
+
+    # Turns queued or running at once; one more is 429 `quota_exceeded` at its POST.
+    active_turns: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 0
+    # New Turns per clock minute; one more is 429 until the minute ends (its key is not burned).
+    turns_per_minute: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
+    # Bytes the blob store may hold for the tenant (its sessions' artifacts and workspace
+    # versions, a fork's copies included, and its attachments); past it: 507, as storage.quota_*.
+    storage_mb: Annotated[int, msgspec.Meta(ge=0, le=1 << 30)] = 0
+
+
+class QuotasSection(QuotaLimits):
+    """Per-tenant limits (docs/security.md, tenancy): these for every tenant, `tenants.<name>`
+    in place of them for one."""
+
+    tenants: dict[str, QuotaLimits] = msgspec.field(default_factory=dict)
+
+    def of(self, tenant: str) -> QuotaLimits:
+        return self.tenants.get(tenant, self)
+
+
 class Profile(Section):
     llm: LLMSection
     runtime: RuntimeSection = msgspec.field(default_factory=RuntimeSection)
@@ -286,6 +308,7 @@ class Profile(Section):
     worker: WorkerSection = msgspec.field(default_factory=WorkerSection)
     gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
     observability: ObservabilitySection = msgspec.field(default_factory=ObservabilitySection)
+    quotas: QuotasSection = msgspec.field(default_factory=QuotasSection)
 
 
 class FileHeader(Section):

@@ -7,6 +7,8 @@ The job queue (arq) owns its own keys (the queue, job records, `<queue>:health-c
 `fleet_shared.jobs`.
 """
 
+import hashlib
+
 PREFIX = "fleet"
 EVENT_LOG_TTL_SECONDS = 24 * 3600  # how long a Run's stream log outlives its last write
 CANCEL_FLAG_TTL_SECONDS = 24 * 3600  # longer than any Turn may run
@@ -70,3 +72,10 @@ def gc_lock(queue: str) -> str:
 def gc_done(queue: str) -> str:
     """Set (expiring) when a gc has finished: workers' schedules skip their turn while it lives."""
     return f"{PREFIX}:gc:{queue}:done"
+
+
+def tenant_turns_in_minute(tenant: str, minute: int) -> str:
+    """How many Turns a tenant started in one clock minute (`quotas.turns_per_minute`). The
+    tenant's name is hashed: a JWT claim may hold anything, a key name should not."""
+    digest = hashlib.sha256(tenant.encode()).hexdigest()[:32]
+    return f"{PREFIX}:quota:turns:{digest}:{minute}"

@@ -63,8 +63,8 @@ async def test_a_good_token_names_its_tenant_user_and_known_scopes(jwks: tuple[J
 @pytest.mark.parametrize(
     ("overrides", "reason"),
     [
-        pytest.param({"exp": int(time.time()) - 120}, "the token has expired", id="expired"),
-        pytest.param({"nbf": int(time.time()) + 120}, "the token is not valid yet", id="not-yet-valid"),
+        pytest.param({"exp": -120}, "the token has expired", id="expired"),
+        pytest.param({"nbf": 120}, "the token is not valid yet", id="not-yet-valid"),
         pytest.param({"aud": "another-api"}, "the token is for another audience", id="wrong-audience"),
         pytest.param({"iss": "https://evil.test/"}, "the token is from another issuer", id="wrong-issuer"),
         pytest.param({"tid": None}, "the token has no `tid` (tenant) claim", id="no-tenant"),
@@ -78,6 +78,8 @@ async def test_a_token_with_bad_claims_is_401(
     state, url = jwks
     private, public = rsa_key("k1")
     state.keys = [public]
+    now = int(time.time())  # times are offsets from now: the parameters are made at collection
+    overrides = {k: now + v if k in ("exp", "nbf") and v is not None else v for k, v in overrides.items()}
     error = await refusal(verifier(url), jwt.encode(claims(**overrides), private, "RS256", {"kid": "k1"}))
     assert (error.status_code, error.code, error.message) == (401, "auth_required", reason)
     assert error.headers == {"WWW-Authenticate": "Bearer"}
@@ -157,11 +159,21 @@ async def test_a_provider_that_is_down_is_503_until_keys_are_known_then_the_cach
     token = jwt.encode(claims(), private, "RS256", {"kid": "k1"})
     state.down = True
     check = verifier(url, jwks_min_refresh_seconds=1, jwks_cache_seconds=10)
-    error = await refusal(check, token)
-    assert (error.status_code, error.code) == (503, "service_unavailable")
+    for _ in range(3):  # the first fetch failed; within the interval, still the provider's fault
+        error = await refusal(check, token)
+        assert (error.status_code, error.code) == (503, "service_unavailable")
+    assert state.fetches == 1
     state.down, state.keys = False, [public]
     check.keys.fetched_at -= 2
     assert (await check.principal(token)).user == "alice"
     state.down = True
     check.keys.fetched_at -= 11  # the cache has expired and the provider is down: keep its keys
     assert (await check.principal(token)).user == "alice"
+
+
+async def test_a_key_set_past_its_size_bound_is_not_read_whole(jwks: tuple[JwksServer, str]) -> None:
+    state, url = jwks
+    private, public = rsa_key("k1")
+    state.keys = [public] + [{"kty": "oct", "k": "x" * 1000, "kid": f"pad-{n}"} for n in range(300)]
+    error = await refusal(verifier(url), jwt.encode(claims(), private, "RS256", {"kid": "k1"}))
+    assert (error.status_code, error.code) == (503, "service_unavailable")

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.blobs import BlobStore, artifact_key
-from fleet_shared.config_file import StorageSection
+from fleet_shared.config_file import QuotaLimits, StorageSection
 from fleet_shared.db.files import (
     StorageQuota,
     StoredBytes,
@@ -52,8 +52,9 @@ class ArtifactLimits:
     quota: StorageQuota
 
     @classmethod
-    def of(cls, storage: StorageSection) -> ArtifactLimits:
-        return cls(storage.max_artifacts_per_run, storage.max_artifact_mb * 2**20, StorageQuota.of(storage))
+    def of(cls, storage: StorageSection, tenant: QuotaLimits | None = None) -> ArtifactLimits:
+        quota = StorageQuota.of(storage, tenant)
+        return cls(storage.max_artifacts_per_run, storage.max_artifact_mb * 2**20, quota)
 
 
 @dataclass

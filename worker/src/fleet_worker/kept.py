@@ -39,7 +39,9 @@ async def keep_artifacts(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome, dea
             lease=turn.sandbox,
             before=turn.artifacts_before,
             session_id=turn.claim.session_id,
-            limits=ArtifactLimits.of(deps.settings.profile.storage),
+            limits=ArtifactLimits.of(
+                deps.settings.profile.storage, deps.settings.profile.quotas.of(turn.claim.tenant)
+            ),
             sink=turn.sink,
             deadline=deadline,
         )
@@ -76,7 +78,10 @@ async def keep_workspace(
             what="quota_read",
         )
         stored = stored.plus(sum(e.byte_size for e in artifacts))
-        return quota_refusal(StorageQuota.of(deps.settings.profile.storage), stored, size)
+        profile = deps.settings.profile
+        return quota_refusal(
+            StorageQuota.of(profile.storage, profile.quotas.of(turn.claim.tenant)), stored, size
+        )
 
     def room(size: int) -> str | None:
         """Asked by the capture (on its thread) only when the Run changed files: the usage is

@@ -191,9 +191,9 @@ async def read_form(upload: Upload, chunks: AsyncIterator[bytes], boundary: str,
                     await upload.add(bytes(event))
 
 
-async def refuse_past_quota(db: AsyncSession, quota: StorageQuota, size: int) -> None:
-    """507 when storing `size` more bytes would pass the deployment's quota."""
-    refusal = quota_refusal(quota, await stored_bytes(db), size)
+async def refuse_past_quota(db: AsyncSession, quota: StorageQuota, size: int, tenant: str) -> None:
+    """507 when storing `size` more bytes would pass the tenant's or the deployment's quota."""
+    refusal = quota_refusal(quota, await stored_bytes(db, tenant=tenant), size)
     if refusal is not None:
         raise ApiError(507, "storage_quota_exceeded", f"the attachment was not stored: {refusal}")
 
@@ -214,7 +214,8 @@ class AttachmentController(Controller):
         limit = storage.max_attachment_mb * 2**20
         received = await receive(request, limit, gw.settings.data_dir / "uploads", gw.uploads)
         try:
-            await refuse_past_quota(db, StorageQuota.of(storage), received.size)
+            quota = StorageQuota.of(storage, gw.settings.profile.quotas.of(caller.tenant))
+            await refuse_past_quota(db, quota, received.size, caller.tenant)
         except BaseException:
             received.path.unlink(missing_ok=True)
             raise

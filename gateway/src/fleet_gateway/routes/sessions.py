@@ -24,6 +24,7 @@ from fleet_gateway.schemas import (
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
 from fleet_shared.db import queries, scoped
+from fleet_shared.db.files import StorageQuota, quota_refusal, stored_bytes, version_bytes
 from fleet_shared.db.forks import fork_session
 from fleet_shared.db.models import Session
 from fleet_shared.ids import parse_uuid
@@ -121,6 +122,12 @@ class SessionController(Controller):
         From then on each has its own history and workspace. A Run still in progress is not
         part of the fork (docs/api.md)."""
         parent = await load_session(db, session_id, caller)  # a reader may fork: the fork is its own
+        # The fork's versions count again (fleet_shared.db.files): within the tenant's quota.
+        profile = gw.settings.profile
+        quota = StorageQuota.of(profile.storage, profile.quotas.of(caller.tenant))
+        stored = await stored_bytes(db, tenant=caller.tenant)
+        if refusal := quota_refusal(quota, stored, await version_bytes(db, parent.workspace_id)):
+            raise ApiError(507, "storage_quota_exceeded", f"the session was not forked: {refusal}")
         await db.commit()  # the fork runs in a transaction of its own (fleet_shared.db.forks)
         title = None if data is None or data.title is msgspec.UNSET else data.title.strip()
         forked = await fork_session(gw.db_sessions, parent.id, title, caller)

@@ -16,10 +16,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.litestar_compat import EventStream
+from fleet_gateway.quotas import count_turn_in_minute, over_active_turns, over_turns_per_minute
 from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
+from fleet_shared.config_file import QuotaLimits
 from fleet_shared.db import queries, runs, scoped, skills
 from fleet_shared.db.models import Attachment, Run, Skill
 from fleet_shared.ids import parse_uuid
@@ -146,6 +148,7 @@ class TurnController(Controller):
                 attachments = await check_attachments(db, data, limit, caller)
                 selected = await check_skills(db, data)
         session_id = canonical
+        limits = gw.settings.profile.quotas.of(caller.tenant)
         started = time.perf_counter()
         outcome = await queries.claim_turn(
             gw.engine,
@@ -155,17 +158,20 @@ class TurnController(Controller):
             text=data.text,
             model=gw.settings.root_lm.name,
             caller=caller,
+            active_limit=limits.active_turns,
             attachments=attachments,
             skills=selected,
         )
         claimed = time.perf_counter()
         timing = f"claim;dur={(claimed - started) * 1000:.3f}"
         if isinstance(outcome, queries.ClaimRefused):
-            raise refusal(outcome)
+            raise refusal(outcome, limits)
         run = outcome.run
         structlog.contextvars.bind_contextvars(run_id=run.id, session_id=session_id)
         if outcome.created:
             log.info("turn.claimed")
+            if limits.turns_per_minute:
+                await within_turns_per_minute(gw, run, caller.tenant, limits)
             await enqueue(gw, run)
             timing += f", enqueue;dur={(time.perf_counter() - claimed) * 1000:.3f}"
         settled = is_terminal(run.status)  # a replayed settled Run
@@ -213,7 +219,7 @@ class TurnController(Controller):
         return TurnPage(items, rows[-1].sequence if more and rows else None)
 
 
-def refusal(outcome: queries.ClaimRefused) -> ApiError:
+def refusal(outcome: queries.ClaimRefused, limits: QuotaLimits) -> ApiError:
     match outcome.reason:
         case "unknown_session":
             return not_found("session")
@@ -223,6 +229,8 @@ def refusal(outcome: queries.ClaimRefused) -> ApiError:
             return ApiError(
                 409, "session_archived", "this session is archived: set its status to active to continue"
             )
+        case "active_turns_quota":
+            return over_active_turns(limits)
         case "idempotency_key_mismatch":
             return ApiError(
                 409,
@@ -233,6 +241,21 @@ def refusal(outcome: queries.ClaimRefused) -> ApiError:
             assert_never(outcome.reason)
 
 
+async def within_turns_per_minute(gw: GatewayState, run: Run, tenant: str, limits: QuotaLimits) -> None:
+    """Count the new Turn in the tenant's minute; over the limit, or with Redis down, withdraw it."""
+    try:
+        count, retry_after = await count_turn_in_minute(gw.redis, tenant)
+    except (RedisError, OSError) as exc:
+        log.warning("turn.quota_unavailable", error_type=type(exc).__name__)
+        if await withdraw(gw, run):
+            raise ApiError(
+                503, "service_unavailable", "the Turn could not be counted (Redis is unavailable); retry"
+            ) from None
+        return
+    if count > limits.turns_per_minute and await withdraw(gw, run):
+        raise over_turns_per_minute(limits, retry_after)
+
+
 async def enqueue(gw: GatewayState, run: Run) -> None:
     """Queue the job (job id = run id). If Redis refuses, withdraw the claim and answer 503: nothing
     stays committed, and the same Idempotency-Key works once Redis is back."""
@@ -241,13 +264,25 @@ async def enqueue(gw: GatewayState, run: Run) -> None:
         return
     except (RedisError, OSError) as exc:
         log.warning("turn.enqueue_failed", error_type=type(exc).__name__)
+    if await withdraw(gw, run):
+        raise ApiError(
+            503, "service_unavailable", "the Turn could not be queued (Redis is unavailable); retry"
+        )
+
+
+def redis_down(step: str) -> ApiError:
+    return ApiError(503, "service_unavailable", f"the Turn could not be {step} (Redis is unavailable); retry")
+
+
+async def withdraw(gw: GatewayState, run: Run) -> bool:
+    """The claim undone (the key works again); false when it must be streamed after all."""
     try:
         async with gw.db_sessions() as db:
-            withdrawn = await queries.withdraw_claim(db, run.id)
-        if not withdrawn:
-            return  # a sweeper enqueued it after all, and a worker started it: stream it
+            return await queries.withdraw_claim(
+                db, run.id
+            )  # false: a sweeper enqueued it, a worker started it
     except Exception as exc:
         # The DB is failing too: the Run stays queued, a sweeper enqueues it once Redis is back,
         # and a retry with the same key attaches to it.
         log.warning("turn.withdraw_failed", error_type=type(exc).__name__)
-    raise ApiError(503, "service_unavailable", "the Turn could not be queued (Redis is unavailable); retry")
+        return True

@@ -92,7 +92,13 @@ class Claimed(msgspec.Struct, frozen=True):
 
 
 class ClaimRefused(msgspec.Struct, frozen=True):
-    reason: Literal["idempotency_key_mismatch", "turn_in_progress", "session_archived", "unknown_session"]
+    reason: Literal[
+        "idempotency_key_mismatch",
+        "turn_in_progress",
+        "session_archived",
+        "unknown_session",
+        "active_turns_quota",
+    ]
     run_id: str | None = None
 
 
@@ -144,6 +150,24 @@ INSERT_RUN_UNLESS_ARCHIVED = insert(RUNS).from_select(
         SESSIONS.c.id == bindparam("session_id"), SESSIONS.c.status != "archived"
     ),
 )
+# The same, and only while the tenant has fewer than `limit` active Runs. On SQLite the INSERT
+# takes the write lock before it counts, so the count is exact; on PostgreSQL the claim first
+# takes the tenant's advisory lock (TENANT_LOCK), so concurrent claims count one at a time.
+ACTIVE_IN_TENANT = (
+    select(func.count())
+    .select_from(RUNS.join(SESSIONS, SESSIONS.c.id == RUNS.c.session_id))
+    .where(SESSIONS.c.tenant_id == bindparam("tenant"), RUN_IS_ACTIVE)
+    .scalar_subquery()
+)
+INSERT_RUN_WITHIN_QUOTA = insert(RUNS).from_select(
+    list(CLAIMED_COLUMNS),
+    select(*(bindparam(name, type_=RUNS.c[name].type) for name in CLAIMED_COLUMNS)).where(
+        SESSIONS.c.id == bindparam("session_id"),
+        SESSIONS.c.status != "archived",
+        bindparam("limit") > ACTIVE_IN_TENANT,
+    ),
+)
+TENANT_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
 INSERT_TURN = insert(TURNS)
 
 
@@ -155,6 +179,7 @@ class ClaimRequest:
     model: str
     parts: list[dict[str, object]]  # the user Turn's UIMessage parts
     caller: Principal
+    active_limit: int = 0  # the tenant's quota of active Turns; 0: none
 
 
 def read_claim_context(connection: Connection, request: ClaimRequest) -> ClaimContext:
@@ -202,6 +227,7 @@ async def claim_turn(
     text: str,
     model: str,
     caller: Principal,
+    active_limit: int = 0,
     attachments: Sequence[Attachment] = (),
     skills: Sequence[Skill] = (),
 ) -> Claimed | ClaimRefused:
@@ -226,7 +252,7 @@ async def claim_turn(
         *(attachment_part(a.id, a.filename, a.byte_size) for a in attachments),
         *(selected_skill_part(skill) for skill in skills),
     ]
-    request = ClaimRequest(session_id, idempotency_key, fingerprint, model, parts, caller)
+    request = ClaimRequest(session_id, idempotency_key, fingerprint, model, parts, caller, active_limit)
     twin = sqlite_twin(engine)
     if twin is not None:
         return await twin.run(functools.partial(claim_on_twin, request=request))
@@ -258,7 +284,9 @@ def claim_transaction(connection: Connection, request: ClaimRequest) -> Claimed 
 
 def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
     """The Run (`queued`) and the user Turn inserted, unless the key's Run, an active Run or an
-    archived session answers first."""
+    archived session, or the tenant's quota of active Turns answers first."""
+    if request.active_limit and connection.dialect.name == "postgresql":
+        connection.execute(TENANT_LOCK, {"key": f"fleet:active-turns:{request.caller.tenant}"})
     context = read_claim_context(connection, request)
     outcome = outcome_of(context, request.fingerprint)
     if outcome is not None:
@@ -273,8 +301,14 @@ def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | Cla
     # On SQLite the INSERT takes the write lock, so no archive lands before our commit; on
     # PostgreSQL an archive committed before this statement is seen here (READ COMMITTED reads
     # per statement), and one committed after it orders after the claim.
-    if not getattr(connection.execute(INSERT_RUN_UNLESS_ARCHIVED, values), "rowcount", 0):
-        return ClaimRefused("session_archived")
+    if request.active_limit:
+        limits = {"tenant": request.caller.tenant, "limit": request.active_limit}
+        inserted = connection.execute(INSERT_RUN_WITHIN_QUOTA, {**values, **limits})
+    else:
+        inserted = connection.execute(INSERT_RUN_UNLESS_ARCHIVED, values)
+    if not getattr(inserted, "rowcount", 0):
+        archived = read_claim_context(connection, request).session_status == "archived"
+        return ClaimRefused("session_archived" if archived else "active_turns_quota")
     connection.execute(
         INSERT_TURN,
         {
