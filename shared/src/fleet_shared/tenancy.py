@@ -21,9 +21,6 @@ class Principal(msgspec.Struct, frozen=True):
     def may(self, scope: str) -> bool:
         return scope in self.scopes
 
-    def may_read(self, tenant: str, owner: str) -> bool:
-        return tenant == self.tenant and (owner == self.user or self.may(READ_ALL_SESSIONS))
-
     def may_change(self, tenant: str, owner: str) -> bool:
         return tenant == self.tenant and owner == self.user
 

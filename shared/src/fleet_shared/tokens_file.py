@@ -45,13 +45,17 @@ def load_tokens(path: Path) -> dict[str, Principal]:
     for entry in body.tokens:
         if not TOKEN_SHA256.match(entry.sha256):
             raise ConfigError(f"{path}: sha256 {entry.sha256[:16]!r}… is not 64 lowercase hex digits")
-        unknown = set(entry.scopes) - KNOWN_SCOPES
-        if unknown:
-            raise ConfigError(f"{path}: unknown scope(s) {sorted(unknown)} (known: {sorted(KNOWN_SCOPES)})")
+        check_scopes(entry.scopes, f"{path}: ")
         if entry.sha256 in by_hash:
             raise ConfigError(f"{path}: the token {entry.sha256[:12]}… is listed twice")
         by_hash[entry.sha256] = Principal(entry.tenant, entry.user, frozenset(entry.scopes))
     return by_hash
+
+
+def check_scopes(scopes: tuple[str, ...], where: str = "") -> None:
+    unknown = set(scopes) - KNOWN_SCOPES
+    if unknown:
+        raise ConfigError(f"{where}unknown scope(s) {sorted(unknown)} (known: {sorted(KNOWN_SCOPES)})")
 
 
 def mint_token(path: Path, *, tenant: str, user: str, scopes: tuple[str, ...]) -> str:
@@ -62,9 +66,7 @@ def mint_token(path: Path, *, tenant: str, user: str, scopes: tuple[str, ...]) -
     except msgspec.ValidationError as exc:  # names are letters, digits and . _ @ : - only
         raise ConfigError(f"cannot mint that token: {exc}") from None
     load_tokens(path)  # never append to a file the gateway would refuse
-    unknown = set(scopes) - KNOWN_SCOPES
-    if unknown:
-        raise ConfigError(f"unknown scope(s) {sorted(unknown)} (known: {sorted(KNOWN_SCOPES)})")
+    check_scopes(scopes)
     token = secrets.token_urlsafe(32)
     digest = hashlib.sha256(token.encode()).hexdigest()
     lines = [

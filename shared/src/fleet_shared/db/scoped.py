@@ -9,19 +9,26 @@ from collections.abc import Sequence
 
 from sqlalchemy import ColumnElement, and_, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import InstrumentedAttribute
 
 from fleet_shared.db.models import Artifact, Attachment, Run, Session
 from fleet_shared.db.queries import contains_pattern
 from fleet_shared.tenancy import READ_ALL_SESSIONS, Principal
 
 
-def sessions_of(principal: Principal, *, write: bool = False) -> ColumnElement[bool]:
-    """The sessions this caller may read, or with `write` change: its tenant's, and of those its
-    own unless it may read them all (reading only)."""
-    clause = Session.tenant_id == principal.tenant
+def visible_to(
+    principal: Principal, tenant: InstrumentedAttribute[str], owner: InstrumentedAttribute[str], write: bool
+) -> ColumnElement[bool]:
+    """Rows this caller may read, or with `write` change: its tenant's, and of those its own
+    unless it may read them all (reading only)."""
+    clause = tenant == principal.tenant
     if write or not principal.may(READ_ALL_SESSIONS):
-        clause = and_(clause, Session.owner_id == principal.user)
+        clause = and_(clause, owner == principal.user)
     return clause
+
+
+def sessions_of(principal: Principal, *, write: bool = False) -> ColumnElement[bool]:
+    return visible_to(principal, Session.tenant_id, Session.owner_id, write)
 
 
 async def get_session(
@@ -66,10 +73,7 @@ async def get_artifact(db: AsyncSession, artifact_id: str, principal: Principal)
 
 def attachments_of(principal: Principal, *, write: bool = False) -> ColumnElement[bool]:
     """Attachments follow the sessions' rule: a Turn attaches only its own user's uploads."""
-    clause = Attachment.tenant_id == principal.tenant
-    if write or not principal.may(READ_ALL_SESSIONS):
-        clause = and_(clause, Attachment.owner_id == principal.user)
-    return clause
+    return visible_to(principal, Attachment.tenant_id, Attachment.owner_id, write)
 
 
 async def get_attachment(db: AsyncSession, attachment_id: str, principal: Principal) -> Attachment | None:
