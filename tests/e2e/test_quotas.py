@@ -16,15 +16,20 @@ import pytest
 
 from fleet_shared.tokens_file import mint_token
 from tests.e2e.conftest import Stack, start_stack, stop_stack, work_dir
+from tests.e2e.sse import post_turn
 from tests.support.policy import private_policy
 
 pytestmark = pytest.mark.e2e
 
 ACTIVE_LIMIT, PER_MINUTE, BURST = 3, 2, 50
+TOKENS_PER_DAY = 1  # the first LM call of the day passes it
 SCRIPT = [
     {"lm": "root", "reasoning": "Answer at once.", "code": "SUBMIT(answer='quick')"},
     {"lm": "when", "match": "^hold$"},  # a Turn that stays active until it is cancelled
     {"lm": "root", "delay_s": 300, "reasoning": "Take a long time.", "code": "SUBMIT(answer='late')"},
+    {"lm": "when", "match": "^two steps$"},
+    {"lm": "root", "reasoning": "Compute first.", "code": "x = 6 * 7\nprint(x)"},
+    {"lm": "root", "reasoning": "Then answer.", "code": "SUBMIT(answer=str(x))"},
 ]
 QUOTAS = f"""
 [profiles.offline.quotas]
@@ -32,6 +37,9 @@ active_turns = {ACTIVE_LIMIT}
 
 [profiles.offline.quotas.tenants.paced]
 turns_per_minute = {PER_MINUTE}
+
+[profiles.offline.quotas.tenants.metered]
+lm_tokens_per_day = {TOKENS_PER_DAY}
 """
 
 
@@ -41,7 +49,8 @@ def quota_stack() -> Iterator[tuple[Stack, dict[str, str]]]:
     script = data_dir / "quotas.jsonl"
     script.write_text("".join(json.dumps(line) + "\n" for line in SCRIPT))
     tokens = data_dir / "tokens.toml"
-    callers = {tenant: mint_token(tokens, tenant=tenant, user="u", scopes=()) for tenant in ("busy", "paced")}
+    names = ("busy", "paced", "metered")
+    callers = {tenant: mint_token(tokens, tenant=tenant, user="u", scopes=()) for tenant in names}
     env = private_policy(data_dir)
     with Path(env["FLEET_CONFIG"]).open("a", encoding="utf-8") as policy:
         policy.write(QUOTAS)
@@ -120,3 +129,43 @@ async def test_turns_per_minute_are_counted_after_the_claim_and_a_refusal_withdr
         assert await turns_of(client, ids[-1]) == []  # withdrawn: the key is not burned
         for sid in ids[:-1]:
             assert len(await turns_of(client, sid)) >= 1  # each claimed: its prompt is committed
+
+
+def test_lm_tokens_per_day_stop_the_running_turn_refuse_the_next_and_show_in_usage(
+    quota_stack: tuple[Stack, dict[str, str]],
+) -> None:
+    stack, callers = quota_stack
+    auth = {"Authorization": f"Bearer {callers['metered']}"}
+    with httpx.Client(base_url=stack.url, headers=auth, timeout=60) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        stopped = post_turn(client, session_id, "two steps", "t-1")
+        assert stopped.status == 200
+        warnings = [c["data"]["code"] for c in stopped.of_type("data-warning")]
+        assert warnings == ["quota_exhausted"]
+        assert stopped.of_type("error")[0]["errorText"].startswith("quota_exhausted")
+        run_id = stopped.headers["x-fleet-run-id"]
+        run = client.get(f"/api/runs/{run_id}").json()
+        assert (run["status"], run["failure_code"]) == ("failed", "quota_exhausted")
+        history = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
+        said = [p["data"]["code"] for p in history[-1]["parts"] if p["type"] == "data-warning"]
+        assert said == ["quota_exhausted"]
+
+        refused = post_turn(client, session_id, "two steps", "t-2")
+        assert refused.status == 429
+        assert 1 <= int(refused.headers["retry-after"]) <= 86_400
+        assert json.loads(refused.raw)["code"] == "quota_exceeded"
+        assert len(client.get(f"/api/sessions/{session_id}/turns").json()["items"]) == 2  # withdrawn
+
+        usage = client.get("/api/usage").json()
+        models = run["usage"]["observed_lm_usage"].values()
+        tokens = sum(m["prompt_tokens"] + m["completion_tokens"] for m in models)
+        assert usage["tenant"] == "metered"
+        assert usage["lm_tokens_today"] == {"used": tokens, "limit": TOKENS_PER_DAY}
+        assert usage["turns_today"] == 1 and usage["active_turns"] == {"used": 0, "limit": None}
+        assert usage["day"] == time.strftime("%Y-%m-%d", time.gmtime())
+
+    other = {"Authorization": f"Bearer {callers['busy']}"}
+    with httpx.Client(base_url=stack.url, headers=other, timeout=60) as client:
+        theirs = client.get("/api/usage").json()
+        assert theirs["tenant"] == "busy" and theirs["active_turns"]["limit"] == ACTIVE_LIMIT
+        assert theirs["lm_tokens_today"]["limit"] is None

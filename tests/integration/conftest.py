@@ -42,9 +42,12 @@ async def harness_factory(database_url: str, redis_url: str, work_dir: Path) -> 
         local: dict[str, Any] | None = None,
         rlm: dict[str, Any] | None = None,
         storage: dict[str, Any] | None = None,
+        quotas: dict[str, Any] | None = None,
     ) -> Harness:
         path = script(work_dir, *lines)
-        settings = make_settings(database_url, redis_url, work_dir, path, turn_timeout, local, rlm, storage)
+        settings = make_settings(
+            database_url, redis_url, work_dir, path, turn_timeout, local, rlm, storage, quotas
+        )
         engine = create_engine(database_url)
         engines.append(engine)
         return Harness(settings, session_factory(engine), client)

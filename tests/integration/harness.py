@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_shared import event_log, redis_keys
 from fleet_shared.config import Settings, load_settings
+from fleet_shared.config_file import QuotasSection
 from fleet_shared.db import queries
 from fleet_shared.db.models import Attachment, Skill
 from fleet_shared.event_log import Appended, RunLog, lease_token
@@ -114,6 +115,7 @@ def make_settings(
     local: dict[str, Any] | None = None,
     rlm: dict[str, Any] | None = None,
     storage: dict[str, Any] | None = None,
+    quotas: dict[str, Any] | None = None,
 ) -> Settings:
     settings = load_settings(
         {
@@ -135,8 +137,15 @@ def make_settings(
     sandbox = msgspec.structs.replace(profile.sandbox, local=local_section)
     rlm_section = msgspec.structs.replace(profile.rlm, **(rlm or {}))
     storage_section = msgspec.structs.replace(profile.storage, **(storage or {}))
+    quotas_section = msgspec.convert(quotas, QuotasSection) if quotas is not None else profile.quotas
     profile = msgspec.structs.replace(
-        profile, runtime=runtime, worker=worker, sandbox=sandbox, rlm=rlm_section, storage=storage_section
+        profile,
+        runtime=runtime,
+        worker=worker,
+        sandbox=sandbox,
+        rlm=rlm_section,
+        storage=storage_section,
+        quotas=quotas_section,
     )
     return msgspec.structs.replace(settings, profile=profile, data_dir=work_dir / ".fleet")
 

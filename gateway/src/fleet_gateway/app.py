@@ -43,6 +43,7 @@ from fleet_gateway.routes.sessions import SessionController
 from fleet_gateway.routes.settings import SettingsController
 from fleet_gateway.routes.skills import SkillController
 from fleet_gateway.routes.turns import TurnController
+from fleet_gateway.routes.usage import get_usage
 from fleet_gateway.state import GatewayState
 from fleet_gateway.upload_gate import UploadGate
 from fleet_shared.blobs import open_blob_store
@@ -118,6 +119,7 @@ def create_app(settings: Settings) -> Litestar:
             SkillController,
             SettingsController,
             FeedbackController,
+            get_usage,
         ],
         guards=[authenticate(build_authenticator(settings))],
         before_request=require_json_body,

@@ -168,6 +168,23 @@ class Health(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     details: dict[str, str] = {}  # informative, never a reason to be unready (sandbox modes)
 
 
+class Allowance(msgspec.Struct, frozen=True, kw_only=True):
+    used: int
+    limit: int | None  # the tenant's quota; null: none
+
+
+class UsageOut(msgspec.Struct, frozen=True, kw_only=True):
+    """The caller's tenant's use of its quotas (GET /api/usage); days are UTC days."""
+
+    tenant: str
+    day: str  # the UTC date the day's counts are for, e.g. "2026-12-05"
+    lm_tokens_today: Allowance  # prompt and completion tokens of every model, children included
+    turns_today: int  # Turns claimed today, whatever their ending
+    turns_this_minute: Allowance
+    active_turns: Allowance  # queued or running now
+    storage_bytes: Allowance  # artifacts, workspace versions and attachments kept
+
+
 class RunOut(msgspec.Struct, frozen=True, kw_only=True):
     """A Run's state (GET /api/runs/{run_id}); `failure_message` is safe to show to users."""
 

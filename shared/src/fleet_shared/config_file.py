@@ -275,6 +275,9 @@ class ObservabilitySection(Section):
     # auto: structlog's console renderer (colours, aligned keys) when stderr is a terminal, JSON
     # lines otherwise (a pod, a pipe, a file). json or console force one.
     log_format: Literal["auto", "json", "console"] = "auto"
+    # The worker's fleet_tenant_* metrics: Turns and LM tokens with a `tenant` label. Off by
+    # default, since each tenant adds series; turn it on when tenants are few and known.
+    metrics_tenant_label: bool = False
 
 
 class QuotaLimits(Section):
@@ -287,6 +290,10 @@ class QuotaLimits(Section):
     # Bytes the blob store may hold for the tenant (its sessions' artifacts and workspace
     # versions, a fork's copies included, and its attachments); past it: 507, as storage.quota_*.
     storage_mb: Annotated[int, msgspec.Meta(ge=0, le=1 << 30)] = 0
+    # LM tokens (prompt and completion, every model, child RLMs included) per UTC day. Once
+    # reached, a new Turn is 429 `quota_exceeded` until midnight, and a running one stops at its
+    # next LM call, failing `quota_exhausted`.
+    lm_tokens_per_day: Annotated[int, msgspec.Meta(ge=0, le=1 << 50)] = 0
 
 
 class QuotasSection(QuotaLimits):

@@ -79,3 +79,9 @@ def tenant_turns_in_minute(tenant: str, minute: int) -> str:
     tenant's name is hashed: a JWT claim may hold anything, a key name should not."""
     digest = hashlib.sha256(tenant.encode()).hexdigest()[:32]
     return f"{PREFIX}:quota:turns:{digest}:{minute}"
+
+
+def tenant_lm_tokens_on_day(tenant: str, day: int) -> str:
+    """The LM tokens a tenant's Turns used on one UTC day (`quotas.lm_tokens_per_day`)."""
+    digest = hashlib.sha256(tenant.encode()).hexdigest()[:32]
+    return f"{PREFIX}:quota:lm_tokens:{digest}:{day}"

@@ -134,6 +134,7 @@ class ChildRunner:
             batch_concurrency=policy.batch_concurrency,
             describe_failure=self.parent.describe_failure,
             quiet=True,  # the parent's stream shows the child's progress, not its steps
+            tokens=self.parent.tokens,
         )
         root_lm, sub_lm = self.make_lms()
         limits = dspy_adapter.ProgramLimits(policy.max_iters, budget_slice.limit, policy.max_output_chars)

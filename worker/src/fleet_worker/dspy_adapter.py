@@ -29,6 +29,7 @@ from fleet_worker.observer import TurnObserver, fit_output
 from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.provider import Repl
 from fleet_worker.sandbox.workspace import HOST_PATHS
+from fleet_worker.tenant_tokens import TenantTokens
 
 
 class TurnSignature(dspy.Signature):
@@ -144,15 +145,19 @@ class LMCallMeter(BaseCallback):
 
 
 class MeteredUsage:
-    """The Turn's usage tracker as DSPy sees it: each call's usage goes to the tracker and to
-    the token counters (DSPy reports it in the calling context, between start and end)."""
+    """The Turn's usage tracker as DSPy sees it: each call's usage goes to the tracker, to the
+    token counters and to the tenant's count for the day (DSPy reports it in the calling
+    context, between start and end)."""
 
-    def __init__(self, tracker: Any) -> None:
+    def __init__(self, tracker: Any, tokens: TenantTokens | None = None) -> None:
         self.tracker = tracker
+        self.tokens = tokens
 
     def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
         self.tracker.add_usage(lm, usage_entry)
-        metrics.count_lm_usage(lm, usage_entry)
+        counted = metrics.count_lm_usage(lm, usage_entry)
+        if self.tokens is not None:
+            self.tokens.add(counted)
 
     def __getattr__(self, name: str) -> Any:  # the rest of the tracker (get_total_tokens, ...)
         return getattr(self.tracker, name)
@@ -180,6 +185,7 @@ class DspyCallbacks(BaseCallback):
 
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         self.observer.check_stop()
+        self.observer.check_quota()
         if instance is self.lm:  # sub-LM calls were admitted by their tool, before the call
             self.observer.budget.charge(1)
 
@@ -321,7 +327,7 @@ def run_program(
             disable_history=True,
         ),
         dspy.track_usage() as tracker,
-        dspy.context(usage_tracker=MeteredUsage(tracker)),
+        dspy.context(usage_tracker=MeteredUsage(tracker, observer.tokens)),
     ):
         observer.usage_tracker = tracker
         prediction = program(

@@ -31,6 +31,12 @@ class TurnTimedOut(TurnFailed):
     code = "turn_timeout"
 
 
+class QuotaExhausted(TurnFailed):
+    """The tenant's LM tokens for the day (`quotas.lm_tokens_per_day`) ran out during the Turn."""
+
+    code = "quota_exhausted"
+
+
 class TurnStopped(BaseException):
     """Raised inside the RLM thread when the Turn was told to stop (timeout; later cancel).
 

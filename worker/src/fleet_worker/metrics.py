@@ -50,6 +50,11 @@ LM_TOKENS = Counter(
     "LM tokens the provider reported, by configured model, role and kind (prompt/completion)",
     ["model", "role", "kind"],
 )
+# observability.metrics_tenant_label: the same, by tenant. Off by default: a series per tenant.
+TENANT_TURNS = Counter(
+    "fleet_tenant_turns", "Turns this worker settled, by tenant and outcome", ["tenant", "outcome"]
+)
+TENANT_LM_TOKENS = Counter("fleet_tenant_lm_tokens", "LM tokens the provider reported, by tenant", ["tenant"])
 TOKEN_KINDS = {"prompt_tokens": "prompt", "completion_tokens": "completion"}
 
 
@@ -62,9 +67,12 @@ def observe_queue_wait(enqueue_time: datetime | None) -> None:
         QUEUE_WAIT.observe(waited)
 
 
-def observe_turn(outcome: str, started: float) -> None:
-    """A Turn settled with `outcome` (its status, or `fenced`); `started` is time.monotonic()."""
+def observe_turn(outcome: str, started: float, tenant: str | None = None) -> None:
+    """A Turn settled with `outcome` (its status, or `fenced`); `started` is time.monotonic().
+    With a `tenant` (observability.metrics_tenant_label), it is counted by tenant as well."""
     TURNS.labels(outcome=outcome).inc()
+    if tenant is not None:
+        TENANT_TURNS.labels(tenant=tenant, outcome=outcome).inc()
     TURN_DURATION.labels(outcome=outcome).observe(time.monotonic() - started)
 
 
@@ -97,11 +105,18 @@ def lm_call_ended() -> None:
     CURRENT_LM.set(None)
 
 
-def count_lm_usage(reported_model: str, usage: Mapping[str, Any]) -> None:
-    """Tokens of one call; outside a marked call (not ours) the model is DSPy's and the role
-    `unknown`."""
+def count_lm_usage(reported_model: str, usage: Mapping[str, Any]) -> int:
+    """Tokens of one call, counted and returned; outside a marked call (not ours) the model is
+    DSPy's and the role `unknown`."""
     model, role = CURRENT_LM.get() or (reported_model, "unknown")
+    counted = 0
     for key, kind in TOKEN_KINDS.items():
         value = usage.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             LM_TOKENS.labels(model=model, role=role, kind=kind).inc(value)
+            counted += value
+    return counted
+
+
+def count_tenant_lm_tokens(tenant: str, tokens: int) -> None:
+    TENANT_LM_TOKENS.labels(tenant=tenant).inc(tokens)

@@ -25,6 +25,7 @@ from fleet_shared.events import (
 from fleet_shared.transcript import OUTPUT_CUT_NOTE, failed_cell_text
 from fleet_worker.budget import CallBudget, LLMBudgetExhausted
 from fleet_worker.errors import TurnStopped
+from fleet_worker.tenant_tokens import TenantTokens
 
 PROMPT_PREVIEW_CHARS = 4000
 UNLIMITED = 1_000_000
@@ -56,6 +57,7 @@ class TurnObserver:
     budget_warned: bool = False
     action_calls: set[str] = field(default_factory=set)
     usage_tracker: Any = None  # dspy's UsageTracker for this Turn, once the program runs
+    tokens: TenantTokens | None = None  # the tenant's LM tokens today, shared with its children
 
     def usage_snapshot(self) -> dict[str, dict[str, int]]:
         """Tokens observed so far; safe to call from the event loop while the program runs."""
@@ -76,6 +78,18 @@ class TurnObserver:
     def check_stop(self) -> None:
         if self.stop.is_set():
             raise TurnStopped("the Turn was stopped")
+
+    def check_quota(self) -> None:
+        """At each LM call's start: once the tenant's tokens for today reach its quota, the whole
+        Turn stops (its children and batched prompts too), with one `quota_exhausted` warning."""
+        tokens = self.tokens
+        if tokens is None or not tokens.exhausted():
+            return
+        if tokens.first_warning():
+            message = f"{tokens.spent}; the Turn stopped at its next LM call"
+            self.emit(RunWarning(run_id=self.run_id, code="quota_exhausted", message=message))
+        self.stop.set()
+        raise TurnStopped("the tenant's LM tokens for today are used up")
 
     def action_started(self, call_id: str) -> None:
         self.check_stop()

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
-from fleet_shared.events import LMUsage, RunCancelled, RunCompleted, RunEvent, RunFailed, Usage
+from fleet_shared.checkpoint import next_task
+from fleet_shared.events import LMUsage, RunCancelled, RunCompleted, RunEvent, RunFailed, RunWarning, Usage
 from fleet_shared.run_state import RunCommand
 from fleet_worker import dspy_adapter
 from fleet_worker.errors import TurnCancelled, TurnFailed, TurnStopped, TurnTimedOut
 from fleet_worker.sandbox.errors import SandboxError
 from fleet_worker.sandbox.workspace import HOST_PATHS
+
+if TYPE_CHECKING:
+    from fleet_worker.turn import Claim
 
 log = structlog.get_logger(__name__)
 
@@ -99,3 +106,30 @@ def terminal_event(run_id: str, outcome: Outcome, duration_ms: int, checkpoint_v
         code=outcome.failure_code or "internal_error",
         message=outcome.failure_message or "the Turn failed",
     )
+
+
+def next_checkpoint(claim: Claim, request: str, outcome: Outcome) -> dict[str, Any]:
+    """The session's task checkpoint once this Turn is recorded (fleet_shared.checkpoint)."""
+    if outcome.answer is not None:
+        said = outcome.answer
+    else:
+        said = outcome.failure_message or outcome.failure_code or outcome.turn_status
+    return next_task(
+        claim.task,
+        sequence=claim.user_sequence,
+        run_id=claim.run_id,
+        request=request,
+        status=outcome.turn_status,
+        outcome=said,
+        at=datetime.now(UTC).isoformat(),
+    )
+
+
+def capped_answer(limit: int, emit: Callable[[RunEvent], object], run_id: str, answer: str) -> str:
+    """The answer within `rlm.max_answer_chars` (SUBMIT's own check makes this a backstop for
+    answers DSPy assembled itself), with a warning when it was cut."""
+    if len(answer) <= limit:
+        return answer
+    message = f"the answer was {len(answer)} characters; it was cut to {limit} (rlm.max_answer_chars)"
+    emit(RunWarning(run_id=run_id, code="answer_truncated", message=message))
+    return answer[:limit]

@@ -19,13 +19,14 @@ from fleet_shared.config import ResolvedLM, Settings
 from fleet_worker import dspy_adapter
 from fleet_worker.budget import CallBudget
 from fleet_worker.children import ChildPolicy, ChildRunner
-from fleet_worker.errors import LeaseLost, TurnCancelled, TurnTimedOut
+from fleet_worker.errors import LeaseLost, QuotaExhausted, TurnCancelled, TurnStopped, TurnTimedOut
 from fleet_worker.lease import RunLease
 from fleet_worker.lm.script import Script, ScriptCursor, load_script
 from fleet_worker.observer import TurnObserver
 from fleet_worker.outcome import Outcome
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.provider import SandboxLease, SandboxProvider
+from fleet_worker.tenant_tokens import TenantTokens
 
 CANCEL_GRACE_SECONDS = 1.0  # a cancelled program gets this long to stop before the Turn settles
 STOP_GRACE_SECONDS = 5.0
@@ -56,6 +57,7 @@ def start_program(
     sandbox: SandboxLease,
     provider: SandboxProvider,
     sink: EventSink,
+    tokens: TenantTokens | None = None,
 ) -> ProgramRun:
     loop = asyncio.get_running_loop()
     stop = threading.Event()
@@ -69,6 +71,7 @@ def start_program(
         budget=CallBudget(rlm.max_llm_calls),
         batch_concurrency=rlm.batch_concurrency,
         describe_failure=dspy_adapter.describe_batch_failure,
+        tokens=tokens,
     )
     root_cursor, sub_cursor = cursors(scripts, settings, request)
     children = None
@@ -105,7 +108,12 @@ def start_program(
 
     def on_thread() -> dspy_adapter.ProgramResult:
         loop.call_soon_threadsafe(mark_started, run, loop)
-        return call()
+        try:
+            return call()
+        except TurnStopped:
+            if tokens is not None and tokens.warned:  # the tenant's tokens ran out (check_quota)
+                raise QuotaExhausted(tokens.spent) from None
+            raise
 
     run.future = asyncio.wrap_future(pool.submit(on_thread), loop=loop)
     # However it ends, even after we stop waiting, its exception is expected: mark it retrieved.

@@ -9,7 +9,6 @@ from collections.abc import Coroutine
 from concurrent.futures import Executor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,7 +18,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.blobs import BlobStore
-from fleet_shared.checkpoint import next_task
 from fleet_shared.config import Settings
 from fleet_shared.db import queries, runs, workspace_versions
 from fleet_shared.db.engine import run_whole
@@ -37,13 +35,22 @@ from fleet_worker.errors import LeaseLost, SandboxFailed, TurnCancelled
 from fleet_worker.kept import keep_artifacts, keep_workspace
 from fleet_worker.lease import RunLease
 from fleet_worker.lm.script import Script
-from fleet_worker.outcome import SHUTDOWN_OUTCOME, Outcome, failure_outcome, terminal_event, usage_event
+from fleet_worker.outcome import (
+    SHUTDOWN_OUTCOME,
+    Outcome,
+    capped_answer,
+    failure_outcome,
+    next_checkpoint,
+    terminal_event,
+    usage_event,
+)
 from fleet_worker.program import ProgramRun, start_program, wait_for_program, with_observations
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
 from fleet_worker.sandbox.provider import FileStamp, SandboxLease, SandboxProvider
 from fleet_worker.sandbox_release import release_when_acquired, timed
 from fleet_worker.settlement import commit_failed, commit_with_retry
+from fleet_worker.tenant_tokens import TenantTokens
 from fleet_worker.workspace_io import stage_attachments, stage_skills
 
 log = structlog.get_logger(__name__)
@@ -130,7 +137,8 @@ async def run_claimed(deps: WorkerDeps, ctx: dict[str, Any], claim: Claim, *, ca
             outcome, cancelled = with_observations(SHUTDOWN_OUTCOME, turn.program), True
         status, cancelled_again = await finish_even_if_cancelled(settle_and_commit(deps, turn, outcome))
     log.info("turn.settled", status=status, failure_code=outcome.failure_code)
-    metrics.observe_turn(status, claim.started)
+    labelled = deps.settings.profile.observability.metrics_tenant_label
+    metrics.observe_turn(status, claim.started, claim.tenant if labelled else None)
     if cancelled or cancelled_again:
         raise asyncio.CancelledError  # let arq see the cancellation, now that the Turn is settled
     return status
@@ -276,6 +284,14 @@ async def execute(deps: WorkerDeps, turn: HeldTurn, prepared: Prepared) -> Outco
         raise TurnCancelled("the Turn was cancelled before it started")
     turn.sink.emit(StatusChanged(run_id=turn.claim.run_id, phase="execution"))
     settings = deps.settings
+    tokens = TenantTokens(
+        deps.redis,
+        asyncio.get_running_loop(),
+        turn.claim.tenant,
+        settings.profile.quotas.of(turn.claim.tenant).lm_tokens_per_day,
+        labelled=settings.profile.observability.metrics_tenant_label,
+    )
+    await tokens.refresh()
     turn.program = start_program(
         deps.programs,
         settings=settings,
@@ -287,6 +303,7 @@ async def execute(deps: WorkerDeps, turn: HeldTurn, prepared: Prepared) -> Outco
         sandbox=prepared.sandbox,
         provider=deps.sandboxes,
         sink=turn.sink,
+        tokens=tokens,
     )
     timeout = settings.profile.runtime.turn_timeout_seconds
     result = await wait_for_program(turn.program, turn.lease, timeout, turn.sink, deps.sandbox_ops)
@@ -314,8 +331,13 @@ async def settle_and_commit(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome) 
         outcome = await keep_artifacts(deps, turn, outcome, deadline)
     outcome, workspace = await keep_workspace(deps, turn, outcome, deadline)
     if outcome.answer is not None:
+        limit = deps.settings.profile.rlm.max_answer_chars
         sink.emit(
-            Answer(run_id=claim.run_id, part_id="text-answer", text=capped_answer(deps, sink, outcome.answer))
+            Answer(
+                run_id=claim.run_id,
+                part_id="text-answer",
+                text=capped_answer(limit, sink.emit, claim.run_id, outcome.answer),
+            )
         )
     usage = usage_event(claim.run_id, outcome, duration_ms)
     sink.emit(usage)
@@ -335,7 +357,7 @@ async def settle_and_commit(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome) 
         usage=usage_payload(usage),
         failure_code=outcome.failure_code,
         failure_message=outcome.failure_message,
-        task=next_checkpoint(turn, outcome),
+        task=next_checkpoint(claim, turn.request, outcome),
         checkpoint_version=version,
         workspace=workspace,
     )
@@ -354,23 +376,6 @@ async def settle_and_commit(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome) 
     return settlement.turn_status
 
 
-def next_checkpoint(turn: HeldTurn, outcome: Outcome) -> dict[str, Any]:
-    claim = turn.claim
-    if outcome.answer is not None:
-        said = outcome.answer
-    else:
-        said = outcome.failure_message or outcome.failure_code or outcome.turn_status
-    return next_task(
-        claim.task,
-        sequence=claim.user_sequence,
-        run_id=claim.run_id,
-        request=turn.request,
-        status=outcome.turn_status,
-        outcome=said,
-        at=datetime.now(UTC).isoformat(),
-    )
-
-
 async def report_children(deps: WorkerDeps, turn: HeldTurn) -> None:
     """Every child RLM's end and cleanup is reported, also when its thread was abandoned."""
     children = turn.program.children if turn.program is not None else None
@@ -382,17 +387,6 @@ async def report_children(deps: WorkerDeps, turn: HeldTurn) -> None:
     for event in finals:
         if (event.child_id, event.state) not in streamed:  # its thread's report was dropped
             turn.sink.emit(event)
-
-
-def capped_answer(deps: WorkerDeps, sink: EventSink, answer: str) -> str:
-    """The answer within `rlm.max_answer_chars` (SUBMIT's own check makes this a backstop for
-    answers DSPy assembled itself), with a warning when it was cut."""
-    limit = deps.settings.profile.rlm.max_answer_chars
-    if len(answer) <= limit:
-        return answer
-    message = f"the answer was {len(answer)} characters; it was cut to {limit} (rlm.max_answer_chars)"
-    sink.emit(RunWarning(run_id=sink.sequencer.run_id, code="answer_truncated", message=message))
-    return answer[:limit]
 
 
 def settle_deadline(deps: WorkerDeps, turn: HeldTurn) -> float:

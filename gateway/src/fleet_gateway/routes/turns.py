@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.litestar_compat import EventStream
-from fleet_gateway.quotas import count_turn_in_minute, over_active_turns, over_turns_per_minute
+from fleet_gateway.quotas import counted_refusal, over_active_turns
 from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
 from fleet_gateway.state import GatewayState
@@ -170,8 +170,8 @@ class TurnController(Controller):
         structlog.contextvars.bind_contextvars(run_id=run.id, session_id=session_id)
         if outcome.created:
             log.info("turn.claimed")
-            if limits.turns_per_minute:
-                await within_turns_per_minute(gw, run, caller.tenant, limits)
+            if limits.turns_per_minute or limits.lm_tokens_per_day:
+                await within_counted_quotas(gw, run, caller.tenant, limits)
             await enqueue(gw, run)
             timing += f", enqueue;dur={(time.perf_counter() - claimed) * 1000:.3f}"
         settled = is_terminal(run.status)  # a replayed settled Run
@@ -241,10 +241,11 @@ def refusal(outcome: queries.ClaimRefused, limits: QuotaLimits) -> ApiError:
             assert_never(outcome.reason)
 
 
-async def within_turns_per_minute(gw: GatewayState, run: Run, tenant: str, limits: QuotaLimits) -> None:
-    """Count the new Turn in the tenant's minute; over the limit, or with Redis down, withdraw it."""
+async def within_counted_quotas(gw: GatewayState, run: Run, tenant: str, limits: QuotaLimits) -> None:
+    """The tenant's quotas kept in Redis, for the new Turn; over one, or with Redis down, it is
+    withdrawn."""
     try:
-        count, retry_after = await count_turn_in_minute(gw.redis, tenant)
+        refused = await counted_refusal(gw.redis, tenant, limits)
     except (RedisError, OSError) as exc:
         log.warning("turn.quota_unavailable", error_type=type(exc).__name__)
         if await withdraw(gw, run):
@@ -252,8 +253,8 @@ async def within_turns_per_minute(gw: GatewayState, run: Run, tenant: str, limit
                 503, "service_unavailable", "the Turn could not be counted (Redis is unavailable); retry"
             ) from None
         return
-    if count > limits.turns_per_minute and await withdraw(gw, run):
-        raise over_turns_per_minute(limits, retry_after)
+    if refused is not None and await withdraw(gw, run):
+        raise refused
 
 
 async def enqueue(gw: GatewayState, run: Run) -> None:

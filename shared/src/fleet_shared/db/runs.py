@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 import structlog
-from sqlalchemy import insert, select, update
+from sqlalchemy import case, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as OrmSession
 
@@ -282,3 +282,13 @@ async def stale_queued_runs(db: AsyncSession, *, created_before: datetime, limit
         .limit(limit)
     )
     return rows.all()
+
+
+async def tenant_run_counts(db: AsyncSession, tenant: str, since: datetime) -> tuple[int, int]:
+    """The tenant's Runs queued or running now, and those claimed since `since`."""
+    active = case((Run.status.in_([s.value for s in ACTIVE_STATUSES]), 1), else_=0)
+    recent = case((Run.created_at >= since, 1), else_=0)
+    in_tenant = Run.session_id.in_(select(Session.id).where(Session.tenant_id == tenant))
+    query = select(func.coalesce(func.sum(active), 0), func.coalesce(func.sum(recent), 0)).where(in_tenant)
+    row = (await db.execute(query)).one()
+    return int(row[0]), int(row[1])
