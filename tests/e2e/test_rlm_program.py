@@ -99,6 +99,9 @@ def test_a_deep_turn_uses_history_a_skill_a_batch_and_a_child(
         assert not list((recursive_stack.data_dir / ".fleet" / "workspaces").glob("scratch-*"))
 
 
+PRICED_MODEL = "openai/gpt-4o-mini"  # the loopback server answers as any model
+
+
 def action(reasoning: str, code: str) -> str:
     return f"[[ ## reasoning ## ]]\n{reasoning}\n\n[[ ## code ## ]]\n{code}\n\n[[ ## completed ## ]]"
 
@@ -114,7 +117,7 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
             action("Submit.", "SUBMIT(answer=f'{n} words: {word}')"),
         ]
         env = newcomer_env(
-            FLEET_LM_MODEL="openai/loopback-model",
+            FLEET_LM_MODEL=PRICED_MODEL,
             FLEET_LM_API_KEY="sk-loopback-key",
             FLEET_LM_BASE_URL=provider.url,
         )
@@ -131,7 +134,9 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
             banner = wait_for_banner(proc, timeout=60)
             assert "  profile local" in banner
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-                stream = post_turn(client, new_session(client), "how many words here", "k-1")
+                session_id = new_session(client)
+                stream = post_turn(client, session_id, "how many words here", "k-1")
+                session = client.get(f"/api/sessions/{session_id}").json()
         finally:
             proc.send_signal(signal.SIGINT)
             output = proc.communicate(timeout=40)[0].decode()
@@ -140,9 +145,13 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
         ai_sdk_parse(node_check, alias, stream.raw)
     usage = stream.of_type("data-usage")[0]["data"]["usage"]
     assert usage["iterations"] == 3
-    expected = {"prompt_tokens": 44, "completion_tokens": 28}  # 11 and 7 per request, 4 requests
-    assert usage["observed_lm_usage"]["openai/loopback-model"] == expected
-    assert [r["model"] for r in provider.requests] == ["loopback-model"] * 4
+    # 11 and 7 tokens per request, 4 requests, at LiteLLM's price for gpt-4o-mini (USD 0.15 and
+    # 0.60 per million).
+    cost = round(44 * 0.15e-6 + 28 * 0.6e-6, 10)
+    expected = {"prompt_tokens": 44, "completion_tokens": 28, "cost_usd": cost}
+    assert usage["observed_lm_usage"][PRICED_MODEL] == expected
+    assert usage["cost_usd"] == cost and session["cost_usd"] == cost
+    assert [r["model"] for r in provider.requests] == ["gpt-4o-mini"] * 4
     assert all(h["authorization"] == "Bearer sk-loopback-key" for h in provider.headers)
-    assert stream.of_type("start")[0]["messageMetadata"]["model"] == "openai/loopback-model"
+    assert stream.of_type("start")[0]["messageMetadata"]["model"] == PRICED_MODEL
     assert "sk-loopback-key" not in output

@@ -49,6 +49,7 @@ def test_demo_turn_streams_and_commits(demo_stack: Stack, node_check: Path) -> N
     session_id = new_session(demo_stack)
     with demo_stack.client() as client:
         stream = post_turn(client, session_id, "Please say hello to the fleet", "turn-1")
+        assert client.get(f"/api/sessions/{session_id}").json()["cost_usd"] is None  # nothing priced
     assert_well_formed(stream)
     run_id = stream.headers["x-fleet-run-id"]
     start = stream.of_type("start")[0]
@@ -73,6 +74,8 @@ def test_demo_turn_streams_and_commits(demo_stack: Stack, node_check: Path) -> N
     assert "offline demo" in answer and "6 words" in answer
     usage = stream.of_type("data-usage")[0]["data"]["usage"]
     assert usage["iterations"] == 3 and usage["observed_lm_usage"]["scripted/demo"]["prompt_tokens"] > 0
+    # The scripted LM has no price: its cost is unknown (left out), never 0.
+    assert "cost_usd" not in usage and "cost_usd" not in usage["observed_lm_usage"]["scripted/demo"]
 
     for alias in ("ai6", "ai7"):
         report = ai_sdk_parse(node_check, alias, stream.raw)

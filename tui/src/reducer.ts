@@ -191,7 +191,13 @@ function toUsage(usage: Record<string, unknown>): Usage {
   });
   const iterations = num(usage["iterations"]);
   const durationMs = num(usage["duration_ms"]);
-  return { models, ...(iterations !== undefined ? { iterations } : {}), ...(durationMs !== undefined ? { durationMs } : {}) };
+  const costUsd = num(usage["cost_usd"]);
+  return {
+    models,
+    ...(iterations !== undefined ? { iterations } : {}),
+    ...(durationMs !== undefined ? { durationMs } : {}),
+    ...(costUsd !== undefined ? { costUsd } : {}),
+  };
 }
 
 function replaceAt(view: TurnView, index: number, part: Part): TurnView {

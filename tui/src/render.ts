@@ -125,7 +125,13 @@ export function formatUsage(usage: Usage, durationMs?: number): string {
   const ms = durationMs ?? usage.durationMs;
   if (ms !== undefined) parts.push(ms >= 1000 ? `${(ms / 1000).toFixed(1)} s` : `${ms} ms`);
   for (const m of usage.models) parts.push(`${m.model} ${m.promptTokens}→${m.completionTokens} tokens`);
+  if (usage.costUsd !== undefined) parts.push(formatUsd(usage.costUsd));
   return `usage: ${parts.join(" · ")}`;
+}
+
+/** Dollars with enough digits to see a cheap Turn: $0.0023, $1.25. */
+export function formatUsd(usd: number): string {
+  return usd >= 1 ? `$${usd.toFixed(2)}` : `$${usd.toPrecision(2)}`;
 }
 
 export function formatBytes(bytes: number): string {

@@ -65,6 +65,8 @@ export interface Usage {
   readonly iterations?: number;
   readonly durationMs?: number;
   readonly models: readonly ModelUsage[];
+  /** USD for the priced models; absent when no model has a known price (never shown as $0). */
+  readonly costUsd?: number;
 }
 
 export interface Skill {

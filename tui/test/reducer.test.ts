@@ -166,3 +166,13 @@ describe("stream reducer on synthetic chunks", () => {
     assert.equal(view.parts.length, 0);
   });
 });
+
+test("data-usage carries the cost when the server knows it, and none when it is left out", async () => {
+  const usage = (cost?: number) => ({ type: "data-usage", data: { usage: { iterations: 1, duration_ms: 5, observed_lm_usage: { m: { prompt_tokens: 1, completion_tokens: 2, ...(cost === undefined ? {} : { cost_usd: cost }) } }, ...(cost === undefined ? {} : { cost_usd: cost }) } } });
+  for (const [cost, expected] of [[0.25, 0.25], [undefined, undefined]] as const) {
+    const frames = await framesOf(sseOf([{ id: "1.0", data: usage(cost) }]));
+    let view = emptyTurn("x");
+    for (const frame of frames) view = reduceFrame(view, frame);
+    assert.equal(view.usage?.costUsd, expected);
+  }
+});

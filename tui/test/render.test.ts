@@ -4,7 +4,7 @@ import { foldHint, foldLines } from "../src/fold.ts";
 import { highlightPython } from "../src/highlight.ts";
 import { turnsFromHistory } from "../src/history.ts";
 import { reduceFrames } from "../src/reducer.ts";
-import { renderTurn, type RenderOptions } from "../src/render.ts";
+import { formatUsage, renderTurn, type RenderOptions } from "../src/render.ts";
 import { stripAnsi } from "../src/theme.ts";
 import { emptyTurn } from "../src/turn-view.ts";
 import { visibleWidth } from "../src/ui.ts";
@@ -122,4 +122,11 @@ test("a Turn component renders once per width and fold state, not on every keyst
   assert.notEqual(component.render(100), first);
   component.update(emptyTurn("another"));
   assert.ok(component.render(100).some((l) => stripAnsi(l).includes("another")));
+});
+
+test("the usage line shows the Turn's cost only when a model had a price", () => {
+  const models = [{ model: "openai/gpt-4o-mini", promptTokens: 44, completionTokens: 28 }];
+  assert.equal(formatUsage({ models, iterations: 3, costUsd: 0.0000234 }), "usage: 3 iterations · openai/gpt-4o-mini 44→28 tokens · $0.000023");
+  assert.equal(formatUsage({ models, costUsd: 1.5 }), "usage: openai/gpt-4o-mini 44→28 tokens · $1.50");
+  assert.ok(!formatUsage({ models }).includes("$"));
 });

@@ -72,6 +72,17 @@ class SessionOut(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+class SessionDetail(SessionOut, frozen=True, kw_only=True):
+    """One session (GET /api/sessions/{id}), with what its Runs' LMs cost."""
+
+    cost_usd: float | None  # the sum of its Runs' `cost_usd`; null while none had a priced model
+
+    @classmethod
+    def of(cls, session: Session, iso: Any, *, cost_usd: float | None = None) -> SessionDetail:
+        base = SessionOut.of(session, iso)
+        return cls(**msgspec.structs.asdict(base), cost_usd=cost_usd)
+
+
 class TaskProgress(msgspec.Struct, frozen=True, kw_only=True):
     sequence: int
     run_id: str

@@ -99,6 +99,7 @@ class ResolvedLM(msgspec.Struct, frozen=True, kw_only=True):
     temperature: float | None
     max_tokens: int | None
     request_timeout: float = 120
+    price: tuple[float, float] | None = None  # the config's USD per million (input, output) tokens
 
     def __repr__(self) -> str:
         # The base URL may carry credentials (user:password@): never in a log line.
@@ -385,6 +386,11 @@ def resolve_lm(
     ):
         # Its value would be shown as the model: in every stream, Run row and start-up line.
         raise ConfigError(f"{key}.model_env: {section.model_env} holds a secret, never a model name")
+    priced = (section.input_usd_per_million_tokens, section.output_usd_per_million_tokens)
+    if (priced[0] is None) != (priced[1] is None):
+        raise ConfigError(
+            f"{key}: set both input_usd_per_million_tokens and output_usd_per_million_tokens, or neither"
+        )
     name = section.model or require_env(env, section.model_env, f"{key}.model_env")
     if len(name) > MAX_MODEL_CHARS or not MODEL_NAME.fullmatch(name):
         where = f"{key}.model" if section.model else f"{key}.model_env ({section.model_env})"
@@ -423,6 +429,7 @@ def resolve_lm(
         temperature=section.temperature,
         max_tokens=section.max_tokens,
         request_timeout=section.request_timeout_seconds,
+        price=None if scripted or priced[0] is None or priced[1] is None else (priced[0], priced[1]),
     )
 
 

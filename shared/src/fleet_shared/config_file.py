@@ -64,6 +64,10 @@ class LMSection(Section):
     request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 120
     temperature: float | None = None
     max_tokens: int | None = None
+    # USD per million tokens, in place of LiteLLM's price map (both, or neither): for a model the
+    # map does not know, or a negotiated price. The scripted LM has no price.
+    input_usd_per_million_tokens: Annotated[float, msgspec.Meta(ge=0, le=1e6)] | None = None
+    output_usd_per_million_tokens: Annotated[float, msgspec.Meta(ge=0, le=1e6)] | None = None
 
 
 class LLMSection(Section):

@@ -72,12 +72,14 @@ class RunWarning(Event, tag="warning"):
 class LMUsage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cost_usd: float | None = None  # None: the model has no known price (fleet_worker.prices)
 
 
 class Usage(Event, tag="usage"):
     iterations: int
     duration_ms: int
     observed_lm_usage: dict[str, LMUsage] = {}
+    cost_usd: float | None = None  # the priced models' sum; None when none has a price
 
 
 class AttachmentStaged(Event, tag="attachment.staged"):

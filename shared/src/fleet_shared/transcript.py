@@ -173,11 +173,20 @@ def lm_query_result(event: LMQueryFinished) -> dict[str, Any]:
 
 
 def usage_payload(event: Usage) -> dict[str, Any]:
-    return {
+    """The `data-usage` part's usage, and the Run's stored usage. A cost that is not known is
+    left out, never null (the stream's rule for optional fields)."""
+    payload: dict[str, Any] = {
         "iterations": event.iterations,
         "duration_ms": event.duration_ms,
         "observed_lm_usage": {
-            model: {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
+            model: priced(
+                {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}, u.cost_usd
+            )
             for model, u in event.observed_lm_usage.items()
         },
     }
+    return priced(payload, event.cost_usd)
+
+
+def priced(entry: dict[str, Any], cost_usd: float | None) -> dict[str, Any]:
+    return entry if cost_usd is None else {**entry, "cost_usd": cost_usd}

@@ -27,6 +27,7 @@ from fleet_shared.redis_conn import connect, listener
 from fleet_shared.shutdown import bounded, stop_loop
 from fleet_shared.workspaces import relocated_root
 from fleet_worker.cancels import CancelListener
+from fleet_worker.prices import PriceBook
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.jail import local_sandbox_config
 from fleet_worker.sandbox.local import LocalSandboxProvider
@@ -95,6 +96,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> JobWorker:
             programs=ThreadPoolExecutor(concurrency, thread_name_prefix="fleet-rlm"),
             sandbox_ops=ThreadPoolExecutor(concurrency + 2, thread_name_prefix="fleet-sandbox-ops"),
             cancels=cancels,
+            prices=await asyncio.to_thread(PriceBook.of, settings),
             worker_id=worker_id,
         )
         ctx["announce"] = asyncio.create_task(announce_sandbox(redis, worker_id, sandboxes.mode))

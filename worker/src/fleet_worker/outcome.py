@@ -15,6 +15,7 @@ from fleet_shared.events import LMUsage, RunCancelled, RunCompleted, RunEvent, R
 from fleet_shared.run_state import RunCommand
 from fleet_worker import dspy_adapter
 from fleet_worker.errors import TurnCancelled, TurnFailed, TurnStopped, TurnTimedOut
+from fleet_worker.prices import DIGITS, NO_PRICES, PriceBook
 from fleet_worker.sandbox.errors import SandboxError
 from fleet_worker.sandbox.workspace import HOST_PATHS
 
@@ -86,13 +87,23 @@ def find_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def usage_event(run_id: str, outcome: Outcome, duration_ms: int) -> Usage:
+def usage_event(run_id: str, outcome: Outcome, duration_ms: int, prices: PriceBook = NO_PRICES) -> Usage:
+    """The Turn's tokens and their cost per model; the total sums the models that have a price."""
     observed = {
-        model: LMUsage(prompt_tokens=u["prompt_tokens"], completion_tokens=u["completion_tokens"])
+        model: LMUsage(
+            prompt_tokens=u["prompt_tokens"],
+            completion_tokens=u["completion_tokens"],
+            cost_usd=prices.cost(model, u["prompt_tokens"], u["completion_tokens"]),
+        )
         for model, u in (outcome.lm_usage or {}).items()
     }
+    costs = [u.cost_usd for u in observed.values() if u.cost_usd is not None]
     return Usage(
-        run_id=run_id, iterations=outcome.iterations, duration_ms=duration_ms, observed_lm_usage=observed
+        run_id=run_id,
+        iterations=outcome.iterations,
+        duration_ms=duration_ms,
+        observed_lm_usage=observed,
+        cost_usd=round(sum(costs), DIGITS) if costs else None,
     )
 
 

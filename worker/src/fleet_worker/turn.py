@@ -44,6 +44,7 @@ from fleet_worker.outcome import (
     terminal_event,
     usage_event,
 )
+from fleet_worker.prices import NO_PRICES, PriceBook
 from fleet_worker.program import ProgramRun, start_program, wait_for_program, with_observations
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
@@ -74,6 +75,7 @@ class WorkerDeps:
     programs: Executor  # RLM programs, one thread per concurrent Turn
     sandbox_ops: Executor  # acquire, interrupt, release: never queued behind a program
     cancels: CancelListener
+    prices: PriceBook = NO_PRICES  # each configured LM's, resolved at start
     worker_id: str = "worker"
     # Manifests this worker decoded or captured: a warm session's claim reads no entries.
     manifests: ManifestCache[Manifest] = field(default_factory=lambda: ManifestCache(MANIFEST_CACHE_BYTES))
@@ -339,7 +341,7 @@ async def settle_and_commit(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome) 
                 text=capped_answer(limit, sink.emit, claim.run_id, outcome.answer),
             )
         )
-    usage = usage_event(claim.run_id, outcome, duration_ms)
+    usage = usage_event(claim.run_id, outcome, duration_ms, deps.prices)
     sink.emit(usage)
     version = claim.checkpoint_version + 1
     terminal = sink.stamp_terminal(terminal_event(claim.run_id, outcome, duration_ms, version))

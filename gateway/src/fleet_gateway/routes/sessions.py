@@ -16,6 +16,7 @@ from fleet_gateway.schemas import (
     NO_NUL,
     CreateSession,
     ForkSession,
+    SessionDetail,
     SessionOut,
     SessionPage,
     TaskOut,
@@ -23,7 +24,7 @@ from fleet_gateway.schemas import (
 )
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
-from fleet_shared.db import queries, scoped
+from fleet_shared.db import queries, runs, scoped
 from fleet_shared.db.files import StorageQuota, quota_refusal, stored_bytes, version_bytes
 from fleet_shared.db.forks import fork_session
 from fleet_shared.db.models import Session
@@ -78,8 +79,9 @@ class SessionController(Controller):
     @get("/{session_id:str}")
     async def get_session(
         self, db: NamedDependency[AsyncSession], caller: NamedDependency[Principal], session_id: FromPath[str]
-    ) -> SessionOut:
-        return SessionOut.of(await load_session(db, session_id, caller), iso)
+    ) -> SessionDetail:
+        session = await load_session(db, session_id, caller)
+        return SessionDetail.of(session, iso, cost_usd=await runs.session_cost_usd(db, session.id))
 
     @patch("/{session_id:str}")
     async def update_session(

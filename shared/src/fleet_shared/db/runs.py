@@ -292,3 +292,11 @@ async def tenant_run_counts(db: AsyncSession, tenant: str, since: datetime) -> t
     query = select(func.coalesce(func.sum(active), 0), func.coalesce(func.sum(recent), 0)).where(in_tenant)
     row = (await db.execute(query)).one()
     return int(row[0]), int(row[1])
+
+
+async def session_cost_usd(db: AsyncSession, session_id: str) -> float | None:
+    """What the session's Runs' LMs cost (their usage's `cost_usd`); None while none was priced."""
+    total = await db.scalar(
+        select(func.sum(Run.usage["cost_usd"].as_float())).where(Run.session_id == session_id)
+    )
+    return None if total is None else round(float(total), 10)
