@@ -131,6 +131,24 @@ async def test_the_view_counts_its_own_calls_at_once_and_others_once_redis_answe
     await redis.aclose()
 
 
+async def test_a_check_on_a_stale_view_reads_the_count_again(redis_url: str) -> None:
+    """Another Turn's tokens stop this one at its next call once its view is older than
+    `fresh_seconds`, though this Turn made no call meanwhile that would have told it."""
+    redis = aioredis.Redis.from_url(redis_url)
+    loop = asyncio.get_running_loop()
+    name = tenant("stale").tenant
+    waiting = TenantTokens(redis, loop, name, limit=100, fresh_seconds=3600)
+    await waiting.refresh()
+    spender = TenantTokens(redis, loop, name, limit=100)
+    sent = await asyncio.to_thread(spender.add, 100)
+    assert sent is not None
+    await asyncio.wrap_future(sent)
+    assert not await asyncio.to_thread(waiting.exhausted)  # fresh enough: not read again
+    waiting.fresh_seconds = 0
+    assert await asyncio.to_thread(waiting.exhausted)  # from a program's thread: read, and seen
+    await redis.aclose()
+
+
 async def test_a_redis_outage_counts_nothing_and_stops_nothing() -> None:
     redis = aioredis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
     loop = asyncio.get_running_loop()

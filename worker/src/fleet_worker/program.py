@@ -158,6 +158,9 @@ async def wait_for_program(
         raise LeaseLost("this worker lost the Turn's lease; another process settled it")
     if not run.started.is_set():
         raise TurnTimedOut(f"no program thread came free within {turn_seconds:g} s")
+    tokens = run.observer.tokens
+    if tokens is not None and tokens.warned:  # it was stopping for the quota, then ran out of time
+        raise QuotaExhausted(tokens.spent)
     raise TurnTimedOut(f"the Turn exceeded runtime.turn_timeout_seconds ({turn_seconds:g} s)")
 
 
