@@ -80,7 +80,7 @@ def test_a_fork_starts_from_the_committed_state_and_leaves_a_run_in_progress_out
     fork = response.json()
     assert fork["id"] != parent["id"] and fork["workspace_id"] != parent["workspace_id"]
     assert fork["title"] == "the parent" and fork["status"] == "active"
-    assert client.get(f"/api/sessions/{fork['id']}").json() == fork
+    assert client.get(f"/api/sessions/{fork['id']}").json() == {**fork, "cost_usd": None}  # nothing run yet
 
     history = client.get(f"/api/sessions/{parent['id']}/turns").json()["items"]
     copied = client.get(f"/api/sessions/{fork['id']}/turns").json()["items"]
