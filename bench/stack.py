@@ -138,6 +138,7 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     config_text: str | None = None  # a whole fleet.toml instead of the scripted one (lane `live`)
     python: str = sys.executable  # whose fleet runs: another checkout's venv for `bench.ab`
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. FLEET_LM_* for a provider LM
 
     def __post_init__(self) -> None:
         self.root.chmod(0o711)  # the sandbox's uid must be able to reach the workspaces
@@ -197,6 +198,7 @@ class Stack:
             "FLEET_REDIS_URL": f"redis://127.0.0.1:{port}/0",
             "FLEET_DATABASE_URL": f"sqlite+aiosqlite:///{self.root / 'fleet.db'}",
             "FLEET_SCRIPTED_LM": str(self.script_path),
+            **self.extra_env,
         }
         self.redis_url = self.env["FLEET_REDIS_URL"]
 
@@ -441,6 +443,13 @@ def new_session(url: str) -> str:
     if status != 201:
         raise RuntimeError(f"POST /api/sessions answered {status}: {body!r}")
     return str(body["id"])
+
+
+def sessions_by_kind(url: str) -> Callable[[str], str]:
+    """The session a lane's Turn of each kind goes to: `new_session`, a new one each time (its
+    first Turn); otherwise one running conversation, made now."""
+    conversation = new_session(url)
+    return lambda kind: new_session(url) if kind == "new_session" else conversation
 
 
 @dataclass

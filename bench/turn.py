@@ -129,12 +129,11 @@ def run(*, quick: bool = False, repeats: int | None = None, warmup: int | None =
     with fleet_stack.stack(script=SCRIPT) as st:
         st.start(workers=1)
         st.wait_workers_ready(1)
-        conversation = fleet_stack.new_session(st.url)
+        session_for = fleet_stack.sessions_by_kind(st.url)
 
         def subject(kind: str) -> Callable[[], float]:
             def one() -> float:
-                session = fleet_stack.new_session(st.url) if kind == "new_session" else conversation
-                result = fleet_stack.post_turn(st.port, session)
+                result = fleet_stack.post_turn(st.port, session_for(kind))
                 if not result.finished:
                     raise RuntimeError(f"the Turn did not finish: {result.raw[-600:]!r}\n{st.logs()}")
                 first_bytes[kind].append(result.first_byte_s)

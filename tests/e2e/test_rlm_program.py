@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import REPO, Stack, ai_sdk_parse, start_stack, stop_stack, work_dir
-from tests.e2e.sse import TurnStream, post_turn
+from tests.e2e.sse import TurnStream, parse_frames, post_turn
 from tests.e2e.test_fleet_up import newcomer_env, wait_for_banner
 from tests.support.api import new_session
 from tests.support.fake_provider import serve_fake_provider
@@ -100,6 +100,11 @@ def test_a_deep_turn_uses_history_a_skill_a_batch_and_a_child(
 
 
 PRICED_MODEL = "openai/gpt-4o-mini"  # the loopback server answers as any model
+LONG_REASONING = "Count the words of the request one by one, then print how many there are."
+
+
+def content(frames: list[tuple[str | None, str]]) -> list[tuple[str | None, str]]:
+    return [f for f in frames if f[0] is None or f[0].count(".") == 1]
 
 
 def action(reasoning: str, code: str) -> str:
@@ -110,8 +115,10 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
     """`fleet up --profile local` as a user runs it, with FLEET_LM_* pointing at the loopback
     OpenAI-compatible server: root actions and the sub-LM answer come over HTTP."""
     with serve_fake_provider() as provider:
+        # A provider that streams: its first token after 200 ms, then 100 tokens a second.
+        provider.ttft_s, provider.tokens_per_s = 0.2, 100
         provider.replies += [
-            action("Count the words.", "n = len(request.split())\nprint(n)"),
+            action(LONG_REASONING, "n = len(request.split())\nprint(n)"),
             action("Ask the sub-LM.", "word = llm_query('one word for ' + str(n))\nprint(word)"),
             "plenty",
             action("Submit.", "SUBMIT(answer=f'{n} words: {word}')"),
@@ -137,10 +144,28 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
                 session_id = new_session(client)
                 stream = post_turn(client, session_id, "how many words here", "k-1")
                 session = client.get(f"/api/sessions/{session_id}").json()
+                history = client.get(f"/api/sessions/{session_id}/turns").json()["items"][-1]
+                run_id = stream.headers["x-fleet-run-id"]
+                # Resume from the middle of the first step's reasoning deltas: exactly the rest.
+                deltas = [i for i, c in enumerate(stream.chunks) if c["type"] == "reasoning-delta"]
+                middle = stream.frames[deltas[1]][0]
+                with client.stream(
+                    "GET", f"/api/runs/{run_id}/stream", headers={"Last-Event-ID": middle}
+                ) as response:
+                    resumed = parse_frames(response.read())
         finally:
             proc.send_signal(signal.SIGINT)
             output = proc.communicate(timeout=40)[0].decode()
     assert answer_of(stream) == "4 words: plenty", output[-3000:]
+    # The first step's reasoning streamed in several deltas, which add up to the whole text the
+    # history keeps as one part.
+    first = [c["delta"] for c in stream.chunks if c["type"] == "reasoning-delta" and c["id"] == "reasoning-1"]
+    assert len(first) >= 3 and "".join(first).strip() == LONG_REASONING
+    reasoning = [p["text"] for p in history["parts"] if p["type"] == "reasoning"]
+    assert reasoning[0] == LONG_REASONING and len(reasoning) == 3
+    # Content frames (`s.k`) are the same in every stream of a Run; control frames (`s.k.n`) are its own.
+    after = stream.frames[[f[0] for f in stream.frames].index(middle) + 1 :]
+    assert content(resumed) == content(after) and len(content(after)) > 10
     for alias in ("ai6", "ai7"):
         ai_sdk_parse(node_check, alias, stream.raw)
     usage = stream.of_type("data-usage")[0]["data"]["usage"]

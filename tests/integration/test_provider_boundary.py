@@ -58,39 +58,14 @@ def test_local_profile_reaches_an_openai_compatible_endpoint(provider: FakeProvi
 
 def test_a_whole_rlm_turn_runs_on_the_provider_path(provider: FakeProvider, redis_url: str) -> None:
     """Root actions and the llm_query answer come over HTTP; the cells run in a real bwrap sandbox."""
-    import shutil
-    import tempfile
-
-    from fleet_worker.app import sandbox_provider
-
-    settings = local_profile(provider, redis_url)
     provider.replies += [
         "[[ ## reasoning ## ]]\nAsk the sub-LM.\n\n[[ ## code ## ]]\nr = llm_query('hi')\nprint(r)\n\n"
         "[[ ## completed ## ]]",
         "sub answer",
         "[[ ## reasoning ## ]]\nDone.\n\n[[ ## code ## ]]\nSUBMIT(answer=r.upper())\n\n[[ ## completed ## ]]",
     ]
-    workspace = Path(tempfile.mkdtemp(prefix="fleet-provider-"))
-    workspace.chmod(0o711)
-    settings = msgspec.structs.replace(settings, data_dir=workspace)
-    lease = sandbox_provider(settings).acquire("ws", "run-provider")
     events: list[Any] = []
-    stop = threading.Event()
-    try:
-        result = dspy_adapter.run_program(
-            request="say hi",
-            history=[],
-            root_lm=dspy_adapter.build_lm(settings.root_lm, "root", None, stop),
-            sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", None, stop),
-            limits=dspy_adapter.ProgramLimits(max_iters=4, max_llm_calls=4, max_output_chars=1000),
-            observer=dspy_adapter.TurnObserver(
-                emit=events.append, run_id="run-provider", stop=stop, max_output_chars=1000
-            ),
-            interpreter_factory=lease.interpreter_factory,
-        )
-    finally:
-        lease.release()
-        shutil.rmtree(workspace, ignore_errors=True)
+    result = run_on_provider(local_profile(provider, redis_url), provider, events.append)
     assert result.answer == "SUB ANSWER"
     assert result.iterations == 2
     assert result.lm_usage["openai/boundary-model"]["prompt_tokens"] == 11 * 3
@@ -155,3 +130,75 @@ def test_a_rate_limit_is_retried_and_a_401_is_not(provider: FakeProvider, redis_
         lm("ping again")
     assert dspy_adapter.is_lm_error(raised.value)
     assert len(provider.requests) == 1  # an auth error is final
+
+
+def run_on_provider(settings: Any, provider: FakeProvider, emit: Any) -> Any:
+    """One program on the provider path, in a real bwrap sandbox."""
+    import shutil
+    import tempfile
+
+    from fleet_worker.app import sandbox_provider
+
+    workspace = Path(tempfile.mkdtemp(prefix="fleet-provider-"))
+    workspace.chmod(0o711)
+    settings = msgspec.structs.replace(settings, data_dir=workspace)
+    lease = sandbox_provider(settings).acquire("ws", "run-provider")
+    stop = threading.Event()
+    try:
+        return dspy_adapter.run_program(
+            request="say hi",
+            history=[],
+            root_lm=dspy_adapter.build_lm(settings.root_lm, "root", None, stop),
+            sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", None, stop),
+            limits=dspy_adapter.ProgramLimits(max_iters=4, max_llm_calls=4, max_output_chars=1000),
+            observer=dspy_adapter.TurnObserver(
+                emit=emit, run_id="run-provider", stop=stop, max_output_chars=1000
+            ),
+            interpreter_factory=lease.interpreter_factory,
+        )
+    finally:
+        lease.release()
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
+def test_reasoning_reaches_the_stream_while_its_lm_call_is_still_in_flight(
+    provider: FakeProvider, redis_url: str
+) -> None:
+    """The provider streams (first token after 300 ms, then 20 tokens a second): the step's
+    reasoning is emitted in deltas well before the call's last token, and the whole text after."""
+    from fleet_shared.events import Reasoning, ReasoningDelta
+
+    reasoning = "Think it through slowly, one small step after another, then answer."
+    provider.ttft_s, provider.tokens_per_s = 0.3, 20
+    code = "SUBMIT(answer='hi')"
+    provider.replies.append(
+        f"[[ ## reasoning ## ]]\n{reasoning}\n\n[[ ## code ## ]]\n{code}\n\n[[ ## completed ## ]]"
+    )
+    emitted: list[tuple[float, Any]] = []
+    result = run_on_provider(
+        local_profile(provider, redis_url), provider, lambda e: emitted.append((time.monotonic(), e))
+    )
+    assert result.answer == "hi"
+    call_ended = provider.chunk_times[-1]  # the one call's last chunk
+    deltas = [(at, e) for at, e in emitted if isinstance(e, ReasoningDelta)]
+    assert len(deltas) >= 3
+    assert deltas[0][0] < call_ended - 1.0  # the first delta came a second before the call ended
+    assert "".join(e.delta for _, e in deltas).strip() == reasoning
+    whole = [e for _, e in emitted if isinstance(e, Reasoning)]
+    assert len(whole) == 1 and whole[0].text == reasoning and whole[0].streamed
+    assert emitted.index(next(x for x in emitted if x[1] is whole[0])) > emitted.index(deltas[-1])
+
+
+def test_an_lm_error_on_the_stream_is_an_lm_error(provider: FakeProvider, redis_url: str) -> None:
+    from fleet_worker.outcome import failure_outcome
+
+    settings = local_profile(provider, redis_url)
+    settings = msgspec.structs.replace(
+        settings, root_lm=msgspec.structs.replace(settings.root_lm, num_retries=0)
+    )
+    provider.status = 401
+    with pytest.raises(Exception) as raised:
+        run_on_provider(settings, provider, lambda _e: None)
+    outcome = failure_outcome(raised.value)
+    assert outcome.failure_code == "lm_error" and "HTTP 401" in (outcome.failure_message or "")
+    assert API_KEY not in (outcome.failure_message or "")

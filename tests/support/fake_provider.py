@@ -24,7 +24,22 @@ class FakeProvider:
     status: int = 200  # anything else answers with an OpenAI-style error body
     statuses: list[int] = field(default_factory=list)  # per request, before `status` applies
     delay_s: float = 0.0  # a slow provider
+    # A streamed reply (the request's `stream: true`): its first token after `ttft_s`, then
+    # `tokens_per_s` tokens a second (0: all at once). A token is up to 4 characters.
+    ttft_s: float = 0.0
+    tokens_per_s: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)  # time.monotonic() of each chunk sent
     api_key: str | None = None  # when set, GET /models refuses (401) any other bearer token
+
+
+def chunk(model: str, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
 
 
 @contextmanager
@@ -46,6 +61,9 @@ def serve_fake_provider() -> Iterator[FakeProvider]:
                 self.reply(status, json.dumps(error).encode())
                 return
             text = fake.replies.pop(0) if fake.replies else "out of replies"
+            if body.get("stream"):
+                self.stream(body.get("model", ""), text)
+                return
             payload = json.dumps(
                 {
                     "id": "chatcmpl-test",
@@ -80,6 +98,28 @@ def serve_fake_provider() -> Iterator[FakeProvider]:
                 self.reply(
                     fake.status, json.dumps({"object": "list", "data": [{"id": "fake-model"}]}).encode()
                 )
+
+        def stream(self, model: str, text: str) -> None:
+            """`chat.completion.chunk` events over SSE, as OpenAI streams, usage in the last."""
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            tokens = [text[i : i + 4] for i in range(0, len(text), 4)]
+            time.sleep(fake.ttft_s)
+            for index, token in enumerate(tokens):
+                if index and fake.tokens_per_s:
+                    time.sleep(1 / fake.tokens_per_s)
+                self.event(chunk(model, {"content": token}, None))
+            last = chunk(model, {}, "stop")
+            last["usage"] = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+            self.event(last)
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
+        def event(self, payload: dict[str, Any]) -> None:
+            self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            self.wfile.flush()
+            fake.chunk_times.append(time.monotonic())
 
         def reply(self, status: int, payload: bytes) -> None:
             self.send_response(status)

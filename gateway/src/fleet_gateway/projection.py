@@ -18,6 +18,7 @@ from fleet_shared.events import (
     LMQueryStarted,
     Phase,
     Reasoning,
+    ReasoningDelta,
     RunCancelled,
     RunCompleted,
     RunEvent,
@@ -46,6 +47,7 @@ class StreamState:
     projected_seq: int = 0  # the last event projected (sent, or skipped as before the cursor)
     finished: bool = False
     open_tools: set[str] = field(default_factory=set)
+    open_reasoning: set[str] = field(default_factory=set)  # streamed reasoning parts not yet ended
 
 
 def start_chunk(state: StreamState, *, created_at: str, delivery: Delivery, model: str) -> Chunk:
@@ -86,6 +88,14 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             return [{"type": "start-step"}]
         case IterationFinished():
             return close_step(state)
+        case ReasoningDelta(part_id=part_id, delta=delta):
+            opening = [] if part_id in state.open_reasoning else [{"type": "reasoning-start", "id": part_id}]
+            state.open_reasoning.add(part_id)
+            return [*opening, {"type": "reasoning-delta", "id": part_id, "delta": delta}]
+        case Reasoning(part_id=part_id, streamed=True, tail=tail) if part_id in state.open_reasoning:
+            state.open_reasoning.discard(part_id)
+            rest = [{"type": "reasoning-delta", "id": part_id, "delta": tail}] if tail else []
+            return [*rest, {"type": "reasoning-end", "id": part_id}]
         case Reasoning(part_id=part_id, text=text):
             return [
                 {"type": "reasoning-start", "id": part_id},
@@ -118,6 +128,7 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             state.finished = True
             return [
                 *close_tools(state, UNFINISHED_TOOL_TEXT),
+                *close_reasoning(state),
                 *close_step(state),
                 {
                     "type": "finish",
@@ -182,8 +193,15 @@ def close_tools(state: StreamState, reason: str) -> list[Chunk]:
     return [tool_error(state, call_id, reason) for call_id in sorted(state.open_tools)]
 
 
+def close_reasoning(state: StreamState) -> list[Chunk]:
+    """End the streamed reasoning parts whose whole text never came (their LM call failed)."""
+    ended = [{"type": "reasoning-end", "id": part_id} for part_id in sorted(state.open_reasoning)]
+    state.open_reasoning.clear()
+    return ended
+
+
 def close_step(state: StreamState) -> list[Chunk]:
     if not state.step_open:
         return []
     state.step_open = False
-    return [{"type": "finish-step"}]
+    return [*close_reasoning(state), {"type": "finish-step"}]

@@ -30,8 +30,22 @@ class IterationFinished(Event, tag="iteration.finished"):
 
 
 class Reasoning(Event, tag="reasoning"):
+    """A step's reasoning, whole. `streamed`: its ReasoningDelta events already carried the text
+    to the stream but for `tail`, which this event adds before it closes the part; the committed
+    Turn keeps `text`."""
+
     part_id: str
     text: str
+    streamed: bool = False
+    tail: str = ""
+
+
+class ReasoningDelta(Event, tag="reasoning.delta"):
+    """Reasoning text of a step while its LM call is still in flight: several tokens at a time
+    (fleet_worker.observer, DELTA_SECONDS and DELTA_CHUNKS bound each event)."""
+
+    part_id: str
+    delta: str
 
 
 class CodeCell(Event, tag="cell.code"):
@@ -149,6 +163,7 @@ RunEvent = (
     | IterationStarted
     | IterationFinished
     | Reasoning
+    | ReasoningDelta
     | CodeCell
     | CellOutput
     | LMQueryStarted

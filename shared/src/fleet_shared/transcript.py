@@ -16,6 +16,7 @@ from fleet_shared.events import (
     LMQueryFinished,
     LMQueryStarted,
     Reasoning,
+    ReasoningDelta,
     RunCancelled,
     RunCompleted,
     RunEvent,
@@ -123,7 +124,14 @@ def fold_parts(events: list[RunEvent]) -> list[Part]:
                 parts.append(data_part(event))
             case Answer(text=text):
                 parts.append({"type": "text", "text": text, "state": "done"})
-            case StatusChanged() | IterationFinished() | RunCompleted() | RunFailed() | RunCancelled():
+            case (
+                StatusChanged()
+                | ReasoningDelta()  # its step's Reasoning event holds the whole text
+                | IterationFinished()
+                | RunCompleted()
+                | RunFailed()
+                | RunCancelled()
+            ):
                 pass
             case _:
                 assert_never(event)

@@ -26,6 +26,7 @@ from fleet_shared.events import (
     LMQueryStarted,
     LMUsage,
     Reasoning,
+    ReasoningDelta,
     RunCancelled,
     RunCompleted,
     RunEvent,
@@ -333,6 +334,47 @@ def test_completed_with_open_tool_closes_it_before_finish_step() -> None:
         assert c["dynamic"] is True
     assert state.open_tools == set()
     assert_stream_contract(chunks)
+
+
+def test_streamed_reasoning_opens_on_its_first_delta_and_closes_with_its_tail() -> None:
+    events: list[RunEvent] = [
+        IterationStarted(run_id=R, iteration=1),
+        ReasoningDelta(run_id=R, part_id="reasoning-1", delta="Think "),
+        ReasoningDelta(run_id=R, part_id="reasoning-1", delta="it "),
+        Reasoning(run_id=R, part_id="reasoning-1", text="Think it through.", streamed=True, tail="through."),
+        CodeCell(run_id=R, call_id="cell-1", code="print(1)"),
+        CellOutput(run_id=R, call_id="cell-1", stdout="1\n"),
+        IterationFinished(run_id=R, iteration=1),
+        RunCompleted(run_id=R, duration_ms=1),
+    ]
+    chunks = run_stream(events)
+    reasoning = [c for c in chunks if c["type"].startswith("reasoning-")]
+    assert [(c["type"], c.get("delta")) for c in reasoning] == [
+        ("reasoning-start", None),
+        ("reasoning-delta", "Think "),
+        ("reasoning-delta", "it "),
+        ("reasoning-delta", "through."),
+        ("reasoning-end", None),
+    ]
+    assert_stream_contract(chunks)
+
+
+@pytest.mark.parametrize("ending", ["step", "completed"])
+def test_a_streamed_reasoning_whose_text_never_came_is_ended(ending: str) -> None:
+    """Its LM call failed mid-stream: the step's end (or the Run's) still ends the part."""
+    events: list[RunEvent] = [
+        IterationStarted(run_id=R, iteration=1),
+        ReasoningDelta(run_id=R, part_id="reasoning-1", delta="Think"),
+    ]
+    events.append(
+        IterationFinished(run_id=R, iteration=1)
+        if ending == "step"
+        else RunCompleted(run_id=R, duration_ms=1)
+    )
+    state = StreamState(R, SESSION)
+    types = [c["type"] for c in run_stream(events, state)]
+    assert types[types.index("reasoning-delta") + 1 :][:2] == ["reasoning-end", "finish-step"]
+    assert state.open_reasoning == set()
 
 
 def test_completed_without_open_step_has_no_finish_step() -> None:

@@ -135,6 +135,7 @@ class ChildRunner:
             describe_failure=self.parent.describe_failure,
             quiet=True,  # the parent's stream shows the child's progress, not its steps
             tokens=self.parent.tokens,
+            unstreamed=self.parent.unstreamed,
         )
         root_lm, sub_lm = self.make_lms()
         limits = dspy_adapter.ProgramLimits(policy.max_iters, budget_slice.limit, policy.max_output_chars)

@@ -1,5 +1,6 @@
-"""With `dspy_compat.py` (what fleet takes from dspy's private names), the only module that
-imports dspy: LMs, the RLM program, and callbacks → Runtime Events.
+"""With `dspy_compat.py` (what fleet takes from dspy's private names) and `dspy_stream.py` (the
+program on DSPy's token stream), the only module that imports dspy: LMs, the RLM program, and
+callbacks → Runtime Events.
 
 It uses public DSPy API: `dspy.RLM`, `dspy.LM(engine=...)`, `BaseCallback`, the
 `CodeInterpreter` protocol and `interpreter_factory`. `tests/unit/worker/test_dspy_contract.py`
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dspy
+import structlog
 from dspy.lm15 import Message, Response, TextPart, Usage, response_to_events
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 from dspy.utils.callback import BaseCallback
@@ -23,6 +25,7 @@ from fleet_shared.config import ResolvedLM
 from fleet_shared.transcript import failed_cell_text
 from fleet_worker import metrics
 from fleet_worker.dspy_compat import FACADE_SETUP_VARIABLE, FleetRLM
+from fleet_worker.dspy_stream import run_streamed, step_began, step_ended
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, asks_for_the_answer, completion_text, count_tokens
 from fleet_worker.observer import TurnObserver, fit_output
@@ -30,6 +33,8 @@ from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.provider import Repl
 from fleet_worker.sandbox.workspace import HOST_PATHS
 from fleet_worker.tenant_tokens import TenantTokens
+
+log = structlog.get_logger(__name__)
 
 
 class TurnSignature(dspy.Signature):
@@ -171,16 +176,24 @@ class DspyCallbacks(BaseCallback):
         self.observer = observer
         self.program = program
         self.lm = lm
+        self.program_call: str | None = None
 
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        if instance is self.program:
+            self.program_call = call_id
         if instance is self.program.generate_action:
             self.observer.action_started(call_id)
+            step_began(self.observer.reasoning_part)
             return
         self.observer.check_stop()
         if instance is self.program.extract:  # every iteration used, no SUBMIT: DSPy extracts
             self.observer.max_iters_reached(self.program.max_iters)
 
     def on_module_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
+        if exception is not None and call_id == self.program_call:
+            self.observer.program_failure = (exception, exception.__cause__)
+        if call_id in self.observer.action_calls:
+            step_ended(self.observer.reasoning_part)
         self.observer.action_finished(call_id, outputs)
 
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
@@ -330,7 +343,9 @@ def run_program(
         dspy.context(usage_tracker=MeteredUsage(tracker, observer.tokens)),
     ):
         observer.usage_tracker = tracker
-        prediction = program(
+        prediction = run_streamed(
+            program,
+            observer,
             request=request,
             history=dspy.History(messages=history),
             skills=skills or [],

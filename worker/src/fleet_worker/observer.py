@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextvars
 import functools
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,7 @@ from fleet_shared.events import (
     LMQueryFinished,
     LMQueryStarted,
     Reasoning,
+    ReasoningDelta,
     RunEvent,
     RunWarning,
 )
@@ -29,10 +32,59 @@ from fleet_worker.tenant_tokens import TenantTokens
 
 PROMPT_PREVIEW_CHARS = 4000
 UNLIMITED = 1_000_000
+# A reasoning delta event carries what arrived since the last one: at most DELTA_CHUNKS stream
+# chunks, and (while chunks keep coming) at most DELTA_SECONDS of them. A step's first chunk goes
+# at once: the first visible token waits for nothing.
+DELTA_SECONDS = 0.05
+DELTA_CHUNKS = 64
 
 
 def raise_it(exc: Exception) -> str:
     raise exc
+
+
+@dataclass
+class StreamedReasoning:
+    """The reasoning deltas of a Turn's steps, batched (DELTA_SECONDS, DELTA_CHUNKS). The stream's
+    reader adds chunks to the open part; a step's begin and end come through the same stream, in
+    order with its chunks, so a chunk is never taken for another step's, and none is sent after
+    its step's end (what the stream still held then arrives with the whole text)."""
+
+    part_id: str | None = None  # the part whose chunks are arriving
+    pending: list[str] = field(default_factory=list)
+    sent: dict[str, str] = field(default_factory=dict)  # each part's text sent so far
+    flushed_at: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def begin(self, part_id: str, send: Callable[[str, str], None]) -> None:
+        with self.lock:
+            self.flush(send)
+            self.part_id, self.flushed_at = part_id, 0.0  # its first chunk goes at once
+
+    def add(self, text: str, send: Callable[[str, str], None]) -> None:
+        with self.lock:
+            if self.part_id is None:
+                return
+            self.pending.append(text)
+            now = time.monotonic()
+            if len(self.pending) >= DELTA_CHUNKS or now - self.flushed_at >= DELTA_SECONDS:
+                self.flush(send, now)
+
+    def end(self, part_id: str, send: Callable[[str, str], None]) -> str | None:
+        """The part's end: what was held back is sent; the text its deltas carried, or None."""
+        with self.lock:
+            if part_id == self.part_id:
+                self.flush(send)
+                self.part_id = None
+            return self.sent.get(part_id)
+
+    def flush(self, send: Callable[[str, str], None], now: float | None = None) -> None:
+        if self.pending and self.part_id is not None:
+            delta = "".join(self.pending)
+            self.sent[self.part_id] = self.sent.get(self.part_id, "") + delta
+            send(self.part_id, delta)
+        self.pending.clear()
+        self.flushed_at = time.monotonic() if now is None else now
 
 
 @dataclass
@@ -58,6 +110,13 @@ class TurnObserver:
     action_calls: set[str] = field(default_factory=set)
     usage_tracker: Any = None  # dspy's UsageTracker for this Turn, once the program runs
     tokens: TenantTokens | None = None  # the tenant's LM tokens today, shared with its children
+    # Around each sub-LM call and child RLM: the adapter's context that keeps them off the root's
+    # token stream (only the root's actions stream).
+    unstreamed: Callable[[], AbstractContextManager[Any]] = nullcontext
+    # The program's own error and its cause, as the program raised it (the adapter's stream
+    # re-raises the error without its cause).
+    program_failure: tuple[BaseException, BaseException | None] | None = None
+    streaming: StreamedReasoning = field(default_factory=StreamedReasoning)
 
     def usage_snapshot(self) -> dict[str, dict[str, int]]:
         """Tokens observed so far; safe to call from the event loop while the program runs."""
@@ -105,10 +164,35 @@ class TurnObserver:
             return
         self.action_calls.discard(call_id)
         reasoning = getattr(outputs, "reasoning", None)
+        part = self.reasoning_part
+        sent = self.streaming.end(part, self.send_delta)  # ended already, unless its end came late
         if reasoning:
-            part = f"reasoning-{self.iteration}"
-            self.send(Reasoning(run_id=self.run_id, part_id=part, text=str(reasoning)))
+            text = str(reasoning)
+            if sent is None:
+                self.send(Reasoning(run_id=self.run_id, part_id=part, text=text))
+            else:  # the deltas carried `sent`; the rest of the parsed text closes the part
+                tail = text[len(sent.strip()) :] if text.startswith(sent.strip()) else ""
+                self.send(Reasoning(run_id=self.run_id, part_id=part, text=text, streamed=True, tail=tail))
         self.pending_cell = True
+
+    @property
+    def reasoning_part(self) -> str:
+        return f"reasoning-{self.iteration}"
+
+    def reasoning_delta(self, text: str) -> None:
+        """Reasoning of the step whose LM call is in flight, as its tokens arrive (the stream's
+        reader, between the step's `stream_began` and `stream_ended`)."""
+        if not self.quiet and text:
+            self.streaming.add(text, self.send_delta)
+
+    def stream_began(self, part_id: str) -> None:
+        self.streaming.begin(part_id, self.send_delta)
+
+    def stream_ended(self, part_id: str) -> None:
+        self.streaming.end(part_id, self.send_delta)
+
+    def send_delta(self, part_id: str, delta: str) -> None:
+        self.send(ReasoningDelta(run_id=self.run_id, part_id=part_id, delta=delta))
 
     def cell_started(self, code: str) -> str | None:
         """The id of the cell the model asked for, or None for DSPy's own setup code."""
@@ -185,7 +269,8 @@ class TurnObserver:
         """An LM failure reaches the cell (and the stream) as DSPy's code and status only, never
         the provider's text, which may carry a base URL or hints meant for the operator."""
         try:
-            return tool(**kwargs)
+            with self.unstreamed():
+                return tool(**kwargs)
         except Exception as exc:
             try:
                 message = self.describe_failure(exc)
@@ -233,8 +318,10 @@ class TurnObserver:
                 return f"[ERROR] {self.describe_failure(exc)}"
 
         workers = max(1, min(self.batch_concurrency, len(prompts)))
+        with self.unstreamed():  # the prompts' contexts are copies of this one
+            contexts = [contextvars.copy_context() for _ in prompts]
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm-batch") as pool:
-            futures = [pool.submit(contextvars.copy_context().run, one, p) for p in prompts]
+            futures = [pool.submit(context.run, one, p) for context, p in zip(contexts, prompts, strict=True)]
             return [future.result() for future in futures]
 
 

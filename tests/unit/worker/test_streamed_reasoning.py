@@ -1,0 +1,56 @@
+"""Reasoning deltas are batched: a step's first chunk goes at once, then at most DELTA_CHUNKS
+chunks or (while chunks keep coming) DELTA_SECONDS per event; chunks belong to the step whose
+begin came before them, and none is sent after its step's end."""
+
+from __future__ import annotations
+
+import time
+
+from fleet_worker.observer import DELTA_CHUNKS, DELTA_SECONDS, StreamedReasoning
+
+
+def test_a_fast_stream_is_cut_every_delta_chunks_and_its_first_chunk_goes_at_once() -> None:
+    sent: list[tuple[str, str]] = []
+
+    def send(part: str, delta: str) -> None:
+        sent.append((part, delta))
+
+    stream = StreamedReasoning()
+    stream.begin("reasoning-1", send)
+    for n in range(3 * DELTA_CHUNKS):
+        stream.add(f"{n} ", send)
+    assert sent[0] == ("reasoning-1", "0 ")  # the first token waits for nothing
+    assert len(sent) == 3 and all(len(delta.split()) <= DELTA_CHUNKS for _, delta in sent)
+    whole = stream.end("reasoning-1", send)
+    assert whole == "".join(f"{n} " for n in range(3 * DELTA_CHUNKS)) == "".join(d for _, d in sent)
+
+
+def test_a_slow_stream_sends_what_arrived_every_delta_seconds() -> None:
+    sent: list[str] = []
+    stream = StreamedReasoning()
+    stream.begin("reasoning-1", lambda _part, delta: sent.append(delta))
+    started = time.monotonic()
+    while time.monotonic() - started < 6 * DELTA_SECONDS:
+        stream.add("x", lambda _part, delta: sent.append(delta))
+        time.sleep(DELTA_SECONDS / 10)
+    assert 4 <= len(sent) <= 8  # about one event per DELTA_SECONDS, not one per chunk
+    assert all(len(delta) < DELTA_CHUNKS for delta in sent)
+
+
+def test_chunks_go_to_the_open_step_and_none_after_its_end() -> None:
+    sent: list[tuple[str, str]] = []
+
+    def send(part: str, delta: str) -> None:
+        sent.append((part, delta))
+
+    stream = StreamedReasoning()
+    stream.add("before any step", send)  # no step open: not sent
+    stream.begin("reasoning-1", send)
+    stream.add("a", send)
+    stream.add("b", send)  # held: within DELTA_SECONDS of the first
+    assert stream.end("reasoning-1", send) == "ab"  # the end sends what was held
+    stream.add("late", send)  # after its end, before the next begin: dropped
+    stream.begin("reasoning-2", send)
+    stream.add("c", send)
+    assert sent == [("reasoning-1", "a"), ("reasoning-1", "b"), ("reasoning-2", "c")]
+    assert stream.end("reasoning-3", send) is None  # a step that never streamed

@@ -1,0 +1,96 @@
+"""A Turn's program on DSPy's token stream (`dspy.streamify`, public API; ADR 0038): the root
+action's reasoning reaches the observer as its tokens arrive, and each step's begin and end ride
+the same stream as marks, so the reader attributes every chunk to its own step."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import dspy
+import structlog
+
+from fleet_worker.observer import TurnObserver
+
+log = structlog.get_logger(__name__)
+STREAMED_PROGRAMS = 4096  # DSPy's limiter on streamed programs: high enough never to wait
+
+
+@dataclass(frozen=True)
+class StepStream:
+    """A mark on DSPy's stream, sent by the program's thread in order with the step's chunks: its
+    begin, or (with `read`, set by the stream's reader when it gets there) its end."""
+
+    part_id: str
+    read: threading.Event | None = None
+
+
+STEP_END_WAIT_SECONDS = 1.0  # a stream reader that lags more: the step's last chunks ride its end
+
+
+def step_began(part_id: str) -> None:
+    """On the program's thread, as a root action starts: its chunks follow this mark."""
+    mark_stream(StepStream(part_id))
+
+
+def step_ended(part_id: str) -> None:
+    """On the program's thread, as a root action ends: once the reader has come to this mark, it
+    has read all of the step's chunks (waited for at most STEP_END_WAIT_SECONDS)."""
+    end = StepStream(part_id, threading.Event())
+    if mark_stream(end) and end.read is not None:
+        end.read.wait(STEP_END_WAIT_SECONDS)
+
+
+def mark_stream(mark: StepStream) -> bool:
+    """Put a mark on the Turn's stream, if this thread has one (the root program's); whether it
+    did."""
+    stream = dspy.settings.send_stream
+    if stream is None:
+        return False
+    try:
+        anyio.from_thread.run(stream.send, mark)  # as DSPy sends its own chunks
+    except Exception as exc:  # the reader is gone: the Turn is ending
+        log.debug("stream.mark_lost", error_type=type(exc).__name__)
+        return False
+    return True
+
+
+def run_streamed(program: dspy.RLM, observer: TurnObserver, **inputs: Any) -> dspy.Prediction:
+    """The program on DSPy's token stream (dspy.streamify): each root action's reasoning reaches
+    the observer as its tokens arrive. DSPy runs the program on a thread of its own and hands the
+    stream to this one; whatever the program raises is raised here."""
+    observer.unstreamed = unstreamed
+    listener = dspy.streaming.StreamListener("reasoning", predict=program.generate_action, allow_reuse=True)
+    streamed = dspy.streamify(program, stream_listeners=[listener], async_streaming=False)
+    prediction: dspy.Prediction | None = None
+    # DSPy's threads for streamed programs are counted by one process-wide limiter: never the
+    # bound on a worker's Turns, which its own program pool is.
+    try:
+        with dspy.context(async_max_workers=STREAMED_PROGRAMS):
+            for item in streamed(**inputs):
+                if isinstance(item, dspy.streaming.StreamResponse):
+                    observer.reasoning_delta(item.chunk)
+                elif isinstance(item, StepStream) and item.read is None:
+                    observer.stream_began(item.part_id)
+                elif isinstance(item, StepStream) and item.read is not None:
+                    observer.stream_ended(item.part_id)
+                    item.read.set()
+                elif isinstance(item, dspy.Prediction):
+                    prediction = item
+    except BaseException as exc:
+        failed = observer.program_failure
+        if failed is not None and failed[0] is exc and exc.__cause__ is None:
+            exc.__cause__ = failed[1]  # the stream re-raises the program's error `from None`
+        raise
+    if prediction is None:
+        raise RuntimeError("the program's stream ended without its prediction")
+    return prediction
+
+
+def unstreamed() -> AbstractContextManager[Any]:
+    """A sub-LM call or a child RLM: off the root's token stream."""
+    context: AbstractContextManager[Any] = dspy.context(send_stream=None, stream_listeners=[])
+    return context
