@@ -324,9 +324,11 @@ def run_program(
     observer: TurnObserver,
     interpreter_factory: Callable[[], Repl],
     tools: list[Callable[..., Any]] | None = None,
+    stream: bool = True,
 ) -> ProgramResult:
     """Run one fresh dspy.RLM to completion, synchronously (the caller puts it in a thread).
-    `tools` holds `rlm_query` when child RLMs are enabled."""
+    `tools` holds `rlm_query` when child RLMs are enabled. `stream`: on DSPy's token stream
+    (dspy_stream), for an LM whose tokens take time to come; the scripted LM's come at once."""
     program = new_rlm(TurnSignature, limits, sub_lm, tools)
     # trace=[] and disable_history=True: DSPy would otherwise append every predictor call to the
     # process-wide dspy.settings.trace and every LM call to the global LM history (10,000 entries
@@ -343,9 +345,8 @@ def run_program(
         dspy.context(usage_tracker=MeteredUsage(tracker, observer.tokens)),
     ):
         observer.usage_tracker = tracker
-        prediction = run_streamed(
-            program,
-            observer,
+        run = functools.partial(run_streamed, program, observer) if stream else program
+        prediction = run(
             request=request,
             history=dspy.History(messages=history),
             skills=skills or [],

@@ -103,6 +103,9 @@ def start_program(
         observer=observer,
         interpreter_factory=sandbox.interpreter_factory,
         tools=[children.tool()] if children is not None else None,
+        # The scripted LM answers at once: a stream would show nothing, and it costs time
+        # (bench/evidence/reasoning-stream/).
+        stream=not settings.root_lm.scripted,
     )
     run = ProgramRun(asyncio.Future(), started, stop, observer, sandbox, children)
 
