@@ -202,3 +202,24 @@ def test_an_lm_error_on_the_stream_is_an_lm_error(provider: FakeProvider, redis_
     outcome = failure_outcome(raised.value)
     assert outcome.failure_code == "lm_error" and "HTTP 401" in (outcome.failure_message or "")
     assert API_KEY not in (outcome.failure_message or "")
+
+
+def test_a_streamed_reply_dspy_cannot_parse_is_asked_again_off_the_stream(
+    provider: FakeProvider, redis_url: str
+) -> None:
+    """DSPy neither retries nor falls back to JSON once a call's tokens were streamed: fleet makes
+    the call once more off the stream, and the step's reasoning is restated from that reply."""
+    from fleet_shared.events import Reasoning, ReasoningDelta
+
+    provider.replies += [
+        "[[ ## reasoning ## ]]\nA first try with no code field.\n\n[[ ## completed ## ]]",
+        "[[ ## reasoning ## ]]\nSecond try.\n\n[[ ## code ## ]]\nSUBMIT(answer='ok')\n\n"
+        "[[ ## completed ## ]]",
+    ]
+    emitted: list[Any] = []
+    result = run_on_provider(local_profile(provider, redis_url), provider, emitted.append)
+    assert result.answer == "ok"
+    assert [bool(r.get("stream")) for r in provider.requests] == [True, False]
+    assert any(isinstance(e, ReasoningDelta) and "first try" in e.delta for e in emitted)
+    whole = [e for e in emitted if isinstance(e, Reasoning)]
+    assert len(whole) == 1 and whole[0].restated and whole[0].text == "Second try."

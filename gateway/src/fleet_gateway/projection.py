@@ -92,16 +92,17 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             opening = [] if part_id in state.open_reasoning else [{"type": "reasoning-start", "id": part_id}]
             state.open_reasoning.add(part_id)
             return [*opening, {"type": "reasoning-delta", "id": part_id, "delta": delta}]
+        case Reasoning(part_id=part_id, text=text, streamed=True, restated=True) if (
+            part_id in state.open_reasoning
+        ):
+            state.open_reasoning.discard(part_id)
+            return [{"type": "reasoning-end", "id": part_id}, *whole_reasoning(f"{part_id}-restated", text)]
         case Reasoning(part_id=part_id, streamed=True, tail=tail) if part_id in state.open_reasoning:
             state.open_reasoning.discard(part_id)
             rest = [{"type": "reasoning-delta", "id": part_id, "delta": tail}] if tail else []
             return [*rest, {"type": "reasoning-end", "id": part_id}]
         case Reasoning(part_id=part_id, text=text):
-            return [
-                {"type": "reasoning-start", "id": part_id},
-                {"type": "reasoning-delta", "id": part_id, "delta": text},
-                {"type": "reasoning-end", "id": part_id},
-            ]
+            return whole_reasoning(part_id, text)
         case CodeCell(call_id=call_id, code=code):
             return [tool_input(state, call_id, "python", {"code": code})]
         case CellOutput(call_id=call_id, stdout=stdout, truncated=truncated, error=str() as error):
@@ -145,6 +146,7 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
         case RunFailed(code=code, message=message):
             state.finished = True
             return [
+                *close_reasoning(state),  # a step's LM call that failed mid-stream
                 {"type": "error", "errorText": f"{code}: {message}"},
                 {"type": "finish", "finishReason": "error"},
             ]
@@ -191,6 +193,14 @@ def tool_error(state: StreamState, call_id: str, error_text: str) -> Chunk:
 
 def close_tools(state: StreamState, reason: str) -> list[Chunk]:
     return [tool_error(state, call_id, reason) for call_id in sorted(state.open_tools)]
+
+
+def whole_reasoning(part_id: str, text: str) -> list[Chunk]:
+    return [
+        {"type": "reasoning-start", "id": part_id},
+        {"type": "reasoning-delta", "id": part_id, "delta": text},
+        {"type": "reasoning-end", "id": part_id},
+    ]
 
 
 def close_reasoning(state: StreamState) -> list[Chunk]:

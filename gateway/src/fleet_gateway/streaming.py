@@ -289,11 +289,12 @@ class Snapshot(NamedTuple):
     open_tools: frozenset[str]
     finished: bool
     idempotent_replay: bool
+    open_reasoning: frozenset[str]
 
 
 def snapshot(state: StreamState) -> Snapshot:
-    tools = frozenset(state.open_tools)
-    return Snapshot(state.phase, state.step_open, tools, state.finished, state.idempotent_replay)
+    tools, reasoning = frozenset(state.open_tools), frozenset(state.open_reasoning)
+    return Snapshot(state.phase, state.step_open, tools, state.finished, state.idempotent_replay, reasoning)
 
 
 def emit_live(event: RunEvent, state: StreamState, cursor: Cursor) -> bytes:
@@ -308,6 +309,8 @@ def emit_live(event: RunEvent, state: StreamState, cursor: Cursor) -> bytes:
             state.phase, state.step_open, state.finished = after.phase, after.step_open, after.finished
             if state.open_tools != after.open_tools:
                 state.open_tools = set(after.open_tools)
+            if state.open_reasoning != after.open_reasoning:
+                state.open_reasoning = set(after.open_reasoning)
         state.projected_seq = max(state.projected_seq, event.seq)
         if shared.position is not None:
             cursor.position, cursor.controls = shared.position, 0

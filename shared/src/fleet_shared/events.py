@@ -31,13 +31,15 @@ class IterationFinished(Event, tag="iteration.finished"):
 
 class Reasoning(Event, tag="reasoning"):
     """A step's reasoning, whole. `streamed`: its ReasoningDelta events already carried the text
-    to the stream but for `tail`, which this event adds before it closes the part; the committed
-    Turn keeps `text`."""
+    to the stream but for `tail`, which this event adds before it closes the part; `restated`:
+    what they carried is not the start of `text`, which follows as a part of its own. The
+    committed Turn keeps `text`."""
 
     part_id: str
     text: str
     streamed: bool = False
     tail: str = ""
+    restated: bool = False
 
 
 class ReasoningDelta(Event, tag="reasoning.delta"):

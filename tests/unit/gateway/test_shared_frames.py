@@ -75,3 +75,27 @@ def test_a_stream_resumed_inside_an_event_gets_only_the_rest_and_leaves_the_shar
     assert b"reasoning-start" not in rest and b"reasoning-delta" in rest
     full = emit_live(reasoning, a_state, a_cursor)
     assert b"reasoning-start" in full and emit_live(reasoning, b_state, b_cursor) is full
+
+
+def test_streamed_reasoning_is_part_of_the_state_two_streams_share() -> None:
+    """A stream that takes another's bytes for a reasoning delta takes its open part too: each
+    stream starts the part once and ends it once, whichever of them projects an event first."""
+    from fleet_shared.events import ReasoningDelta
+
+    run = [
+        IterationStarted(run_id=RUN, seq=1, iteration=1),
+        ReasoningDelta(run_id=RUN, seq=2, part_id="r1", delta="th"),
+        ReasoningDelta(run_id=RUN, seq=3, part_id="r1", delta="in"),
+        ReasoningDelta(run_id=RUN, seq=4, part_id="r1", delta="k"),
+        Reasoning(run_id=RUN, seq=5, part_id="r1", text="think", streamed=True),
+        RunCompleted(run_id=RUN, seq=6, duration_ms=5),
+    ]
+    (a_state, a_cursor), (b_state, b_cursor) = stream(), stream()
+    sent: dict[str, bytes] = {"a": b"", "b": b""}
+    for n, event in enumerate(run):
+        order = [("a", a_state, a_cursor), ("b", b_state, b_cursor)]
+        for name, state, cursor in order if n % 2 else reversed(order):  # who projects first alternates
+            sent[name] += emit_live(event, state, cursor)
+    for data in sent.values():
+        assert data.count(b'"reasoning-start"') == 1 and data.count(b'"reasoning-end"') == 1
+    assert a_state.open_reasoning == b_state.open_reasoning == set()

@@ -54,3 +54,60 @@ def test_chunks_go_to_the_open_step_and_none_after_its_end() -> None:
     stream.add("c", send)
     assert sent == [("reasoning-1", "a"), ("reasoning-1", "b"), ("reasoning-2", "c")]
     assert stream.end("reasoning-3", send) is None  # a step that never streamed
+
+
+def test_the_whole_reasoning_closes_the_part_with_what_the_deltas_did_not_carry() -> None:
+    import threading
+    from types import SimpleNamespace
+
+    from fleet_shared.events import Reasoning, ReasoningDelta
+    from fleet_worker.observer import TurnObserver
+
+    events: list[object] = []
+    observer = TurnObserver(emit=events.append, run_id="r", stop=threading.Event(), max_output_chars=1000)
+    observer.action_started("call-1")
+    observer.stream_began(observer.reasoning_part)
+    observer.reasoning_delta("\nThink it ")  # the field's leading newline, as a stream carries it
+    observer.action_finished("call-1", SimpleNamespace(reasoning="Think it through."))
+    deltas = [e.delta for e in events if isinstance(e, ReasoningDelta)]
+    whole = [e for e in events if isinstance(e, Reasoning)]
+    assert deltas == ["\nThink it "]
+    assert len(whole) == 1 and whole[0].streamed and whole[0].tail == "through."
+    assert whole[0].text == "Think it through."  # what the history keeps
+
+
+def test_a_reader_that_comes_to_a_step_after_its_end_sends_nothing_of_it() -> None:
+    sent: list[tuple[str, str]] = []
+    stream = StreamedReasoning()
+    assert stream.end("reasoning-1", lambda p, d: sent.append((p, d))) is None  # its text came whole
+    stream.begin("reasoning-1", lambda p, d: sent.append((p, d)))
+    stream.add("late", lambda p, d: sent.append((p, d)))
+    assert sent == []
+
+
+def test_deltas_stop_at_the_turns_budget() -> None:
+    sent: list[str] = []
+    stream = StreamedReasoning(budget=2)
+    for part in ("reasoning-1", "reasoning-2", "reasoning-3"):
+        stream.begin(part, lambda _p, d: sent.append(d))
+        stream.add(part, lambda _p, d: sent.append(d))
+        stream.end(part, lambda _p, d: sent.append(d))
+    assert sent == ["reasoning-1", "reasoning-2"]  # the third step's text comes whole at its end
+    assert stream.end("reasoning-3", lambda _p, _d: None) is None
+
+
+def test_a_reasoning_the_stream_did_not_show_is_restated() -> None:
+    import threading
+    from types import SimpleNamespace
+
+    from fleet_shared.events import Reasoning
+    from fleet_worker.observer import TurnObserver
+
+    events: list[object] = []
+    observer = TurnObserver(emit=events.append, run_id="r", stop=threading.Event(), max_output_chars=1000)
+    observer.action_started("call-1")
+    observer.stream_began(observer.reasoning_part)
+    observer.reasoning_delta("a garbled first attempt")
+    observer.action_finished("call-1", SimpleNamespace(reasoning="Think again."))
+    whole = [e for e in events if isinstance(e, Reasoning)]
+    assert len(whole) == 1 and whole[0].restated and whole[0].text == "Think again."

@@ -64,7 +64,7 @@ def run_streamed(program: dspy.RLM, observer: TurnObserver, **inputs: Any) -> ds
     stream to this one; whatever the program raises is raised here."""
     observer.unstreamed = unstreamed
     listener = dspy.streaming.StreamListener("reasoning", predict=program.generate_action, allow_reuse=True)
-    streamed = dspy.streamify(program, stream_listeners=[listener], async_streaming=False)
+    streamed = dspy.streamify(OnStreamedAdapter(program), stream_listeners=[listener], async_streaming=False)
     prediction: dspy.Prediction | None = None
     # DSPy's threads for streamed programs are counted by one process-wide limiter: never the
     # bound on a worker's Turns, which its own program pool is.
@@ -88,6 +88,49 @@ def run_streamed(program: dspy.RLM, observer: TurnObserver, **inputs: Any) -> ds
     if prediction is None:
         raise RuntimeError("the program's stream ended without its prediction")
     return prediction
+
+
+class StreamedAdapter(dspy.ChatAdapter):  # type: ignore[misc]  # dspy has no type hints
+    """The ChatAdapter, for calls on the token stream. Once a call's tokens reached the stream
+    DSPy neither retries it nor falls back to its JSONAdapter (it cannot take back what was
+    shown); this adapter makes such a call once more off the stream, where both apply as usual.
+    The step's part then closes with the reasoning parsed from that call (restated)."""
+
+    def __call__(
+        self, lm: Any, lm_kwargs: dict[str, Any], signature: Any, demos: list[Any], inputs: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        try:
+            streamed: list[dict[str, Any]] = super().__call__(lm, lm_kwargs, signature, demos, inputs)
+            return streamed
+        except AGAIN_OFF_THE_STREAM as exc:
+            if dspy.settings.send_stream is None:
+                raise
+            log.info("stream.call_again_off_the_stream", error_type=type(exc).__name__)
+        with unstreamed():
+            result: list[dict[str, Any]] = dspy.ChatAdapter()(lm, lm_kwargs, signature, demos, inputs)
+            return result
+
+
+class OnStreamedAdapter(dspy.Module):  # type: ignore[misc]  # dspy has no type hints
+    """The program, run with the StreamedAdapter. Only the program's thread uses it: the stream's
+    reader must see a ChatAdapter, the only kind (by name) DSPy's StreamListener reads."""
+
+    def __init__(self, program: dspy.RLM) -> None:
+        super().__init__()
+        self.program = program
+
+    def forward(self, **inputs: Any) -> dspy.Prediction:
+        with dspy.context(adapter=StreamedAdapter()):
+            return self.program(**inputs)
+
+
+# A reply DSPy could not parse, and a stream that broke: what DSPy would retry off the stream.
+AGAIN_OFF_THE_STREAM = (
+    dspy.AdapterParseError,
+    dspy.LMTransportError,
+    dspy.LMStreamAssemblyError,
+    dspy.LMTimeoutError,
+)
 
 
 def unstreamed() -> AbstractContextManager[Any]:

@@ -50,15 +50,22 @@ class StreamedReasoning:
     order with its chunks, so a chunk is never taken for another step's, and none is sent after
     its step's end (what the stream still held then arrives with the whole text)."""
 
+    # Delta events a Turn may send (they count against rlm.max_events like every event); past
+    # them a step's text comes whole with its end.
+    budget: int = 1_000
     part_id: str | None = None  # the part whose chunks are arriving
     pending: list[str] = field(default_factory=list)
     sent: dict[str, str] = field(default_factory=dict)  # each part's text sent so far
+    ended: set[str] = field(default_factory=set)
     flushed_at: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def begin(self, part_id: str, send: Callable[[str, str], None]) -> None:
         with self.lock:
             self.flush(send)
+            if part_id in self.ended:  # a reader so late that the step has ended: its text came whole
+                self.part_id = None
+                return
             self.part_id, self.flushed_at = part_id, 0.0  # its first chunk goes at once
 
     def add(self, text: str, send: Callable[[str, str], None]) -> None:
@@ -76,10 +83,12 @@ class StreamedReasoning:
             if part_id == self.part_id:
                 self.flush(send)
                 self.part_id = None
+            self.ended.add(part_id)
             return self.sent.get(part_id)
 
     def flush(self, send: Callable[[str, str], None], now: float | None = None) -> None:
-        if self.pending and self.part_id is not None:
+        if self.pending and self.part_id is not None and self.budget > 0:
+            self.budget -= 1
             delta = "".join(self.pending)
             self.sent[self.part_id] = self.sent.get(self.part_id, "") + delta
             send(self.part_id, delta)
@@ -170,9 +179,13 @@ class TurnObserver:
             text = str(reasoning)
             if sent is None:
                 self.send(Reasoning(run_id=self.run_id, part_id=part, text=text))
-            else:  # the deltas carried `sent`; the rest of the parsed text closes the part
-                tail = text[len(sent.strip()) :] if text.startswith(sent.strip()) else ""
+            elif text.startswith(head := sent.lstrip()):  # parsed from the field's first non-space
+                tail = text[len(head) :]  # the deltas carried `sent`; the rest closes the part
                 self.send(Reasoning(run_id=self.run_id, part_id=part, text=text, streamed=True, tail=tail))
+            else:  # the stream showed other text (a retried call, or a cut DSPy made): restate it
+                self.send(
+                    Reasoning(run_id=self.run_id, part_id=part, text=text, streamed=True, restated=True)
+                )
         self.pending_cell = True
 
     @property
