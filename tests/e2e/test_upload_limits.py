@@ -103,11 +103,6 @@ def temp_files(gw: Gateway) -> list[Path]:
     return list(gw.uploads.glob("upload-*")) if gw.uploads.exists() else []
 
 
-@pytest.mark.xfail(
-    reason="a known regression since 7b1f99a, under investigation (issue 31's note): on an idle host "
-    "the gateway sends its 408 but keeps the connection open",
-    strict=False,
-)
 def test_an_idle_upload_is_closed_and_its_file_removed(
     traversable_dir: Path, redis_url: str, sqlite_url: str
 ) -> None:

@@ -21,7 +21,6 @@ from fleet_shared.tenancy import Principal
 from fleet_shared.tenant_usage import add_lm_tokens, lm_tokens_today, utc_day
 from fleet_worker.tenant_tokens import TenantTokens
 from tests.integration.harness import Harness
-from tests.support.servers import free_port
 
 ROOT_PRINT = {"lm": "root", "reasoning": "look", "code": "x = 21 * 2\nprint(x)"}
 ROOT_SUBMIT = {"lm": "root", "reasoning": "done", "code": "SUBMIT(answer=str(x))"}
@@ -150,12 +149,25 @@ async def test_a_check_on_a_stale_view_reads_the_count_again(redis_url: str) -> 
 
 
 async def test_a_redis_outage_counts_nothing_and_stops_nothing() -> None:
-    redis = aioredis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
+    """While Redis does not answer, the Turn's own tokens count; once the add has failed, they are
+    given up, and an outage stops no Turn."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def hold(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)  # accepted, never answered: a Redis that hangs
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    redis = aioredis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
     loop = asyncio.get_running_loop()
     tokens = TenantTokens(redis, loop, "view", limit=10)
-    await tokens.refresh()  # logged, not raised
+    await tokens.refresh()  # timed out: logged, not raised
     sent = await asyncio.to_thread(tokens.add, 50)
-    assert sent is not None and tokens.exhausted()  # its own calls count until Redis says otherwise
+    assert sent is not None and not sent.done()
+    assert tokens.exhausted()  # its own calls count until Redis says otherwise
+    silent.close()  # the outage becomes a refusal: every retry of the add fails
+    for writer in connections:
+        writer.close()
     with pytest.raises(RedisConnectionError):
         await asyncio.wrap_future(sent)
     assert tokens.unanswered == 0 and not tokens.exhausted()  # the failed add was given up

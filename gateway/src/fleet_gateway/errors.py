@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -112,9 +114,42 @@ def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Respon
     )
 
 
+Handler = Callable[[Request[Any, Any, Any], Any], Response[Any]]
+
+
+def releasing(handler: Handler) -> Handler:
+    """The handler, then the failure's finished frames cleared of their locals.
+
+    Litestar throws a handler's exception into the generator dependencies (the database
+    session), and the frame that does so keeps it as a local: exception -> traceback -> frame ->
+    exception. Left to the cyclic collector, that cycle holds the request; Granian keeps a
+    connection whose body was not read open while the request lives, so an upload answered 408
+    would keep its socket on a quiet gateway. Frames still running are left as they are."""
+
+    def handle(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+        try:
+            return handler(request, exc)
+        finally:
+            release_frames(exc)
+
+    return handle
+
+
+def release_frames(exc: BaseException) -> None:
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
+
+
 EXCEPTION_HANDLERS: dict[Any, Any] = {
-    ApiError: handle_api_error,
-    ValidationException: handle_validation,
-    HTTPException: handle_http,
-    Exception: handle_unexpected,
+    ApiError: releasing(handle_api_error),
+    ValidationException: releasing(handle_validation),
+    HTTPException: releasing(handle_http),
+    Exception: releasing(handle_unexpected),
 }
