@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import fanout, first_token, live, recovery, sandbox, scale, soak, turn, workspace
+from bench import density, fanout, first_token, live, recovery, sandbox, scale, soak, turn, workspace
 from bench.report import goals_table, write_report
 
 LANES: dict[str, Callable[..., dict[str, Any]]] = {
@@ -23,8 +23,11 @@ LANES: dict[str, Callable[..., dict[str, Any]]] = {
     "workspace": workspace.run,
     "live": live.run,
     "first-token": first_token.run,
+    "density": density.run,
 }
-ORDER = ["turn", "sandbox", "fanout", "scale", "recovery", "soak", "workspace", "first-token", "live"]
+ORDER = [
+    "turn", "sandbox", "fanout", "scale", "recovery", "soak", "workspace", "first-token", "density", "live",
+]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from fleet_shared.redis_keys import WORKER_SANDBOX_PATTERN
 
@@ -343,26 +343,36 @@ def machine_busy_seconds() -> float:
     return (sum(fields) - idle - iowait) / CLOCK_TICKS
 
 
-class MachineSampler:
-    """The machine's busy cores every `interval` seconds while in use: an average can hide that
-    work arriving at once (Turns started in waves) saturates every core for a while."""
+class Sampler:
+    """A thread that samples every `interval` seconds while the `with` block runs."""
 
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, interval: float) -> None:
         import threading
 
         self.interval = interval
-        self.samples: list[float] = []
-        self.busy_seconds = self.elapsed = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> MachineSampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class MachineSampler(Sampler):
+    """The machine's busy cores every `interval` seconds while in use: an average can hide that
+    work arriving at once (Turns started in waves) saturates every core for a while."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        super().__init__(interval)
+        self.samples: list[float] = []
+        self.busy_seconds = self.elapsed = 0.0
 
     def _run(self) -> None:
         before, at = machine_busy_seconds(), time.monotonic()

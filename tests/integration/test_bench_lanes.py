@@ -10,7 +10,21 @@ from typing import Any
 
 import pytest
 
-from bench import ab, fanout, harness, live, recovery, report, sandbox, scale, soak, stack, turn, workspace
+from bench import (
+    ab,
+    density,
+    fanout,
+    harness,
+    live,
+    recovery,
+    report,
+    sandbox,
+    scale,
+    soak,
+    stack,
+    turn,
+    workspace,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -193,6 +207,17 @@ def test_the_scale_lane_compares_worker_counts() -> None:
     assert level["worker_cpu_cores"] > 0 and level["worker_cpu_ms_per_turn"] > 0
     assert 0 < level["machine_busy_cores"] <= body["machine"]["cpu_count"] + 0.1
     assert 0 <= level["machine_saturated_fraction"] <= 1
+
+
+def test_the_density_lane_finds_a_knee_and_the_memory_per_turn() -> None:
+    body = density.run(quick=True, levels=(1, 2), turns_each=1)
+    assert_receipt(body, "density")
+    figures = body["figures"]
+    assert figures["turn_time"]["1"]["n"] == 2 and figures["turn_time"]["2"]["n"] == 4  # up, then down
+    assert figures["p95_over_one_turn"]["1"] == 1.0 and figures["knee_turns_in_flight"] in (1, 2)
+    assert figures["worker_tree_rss_at_rest_mb"] > 0
+    assert set(figures["worker_tree_rss_per_live_turn_mb"]) == {"1", "2"}
+    assert body["parameters"]["provider_ttft_s"] == 0.4
 
 
 def test_the_recovery_lane_times_a_kill_and_a_cancel() -> None:

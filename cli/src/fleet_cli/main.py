@@ -21,6 +21,7 @@ from fleet_shared.config_file import BIND_HOST_PATTERN
 from fleet_shared.errors import ConfigError
 from fleet_shared.logging import configure_logging
 from fleet_shared.tokens_file import load_tokens, mint_token
+from fleet_shared.tracing import configure_tracing
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -301,6 +302,7 @@ def run_worker(
         settings = with_concurrency(settings, concurrency)
     settings = with_metrics_address(settings, metrics_host, metrics_port)
     configure_logging(settings.profile.observability, process="worker")
+    configure_tracing("worker")
     structlog.get_logger("fleet").info("worker.starting", **config_summary(settings))
     from fleet_worker.app import build_worker
     from fleet_worker.sandbox.errors import SandboxUnavailable

@@ -56,6 +56,7 @@ from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import CONNECT_TIMEOUT_SECONDS, RETRY_ON_CONNECTION, listener, retry_policy
 from fleet_shared.shutdown import bounded, stop_loop
 from fleet_shared.tokens_file import load_tokens
+from fleet_shared.tracing import shutdown_tracing
 
 log = structlog.get_logger(__name__)
 REDIS_RETRIES = 3  # 350 ms: a blip is absorbed; an outage is a quick 503 (clients retry)
@@ -70,6 +71,10 @@ def create_app(settings: Settings) -> Litestar:
     @asynccontextmanager
     async def resources(_app: Litestar) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:  # teardown in reverse order
+            # Last: the spans of every request that ended are exported before the process goes.
+            stack.push_async_callback(
+                bounded, "tracing.shutdown", partial(asyncio.to_thread, shutdown_tracing)
+            )
             engine = create_engine(settings.database_url)
             stack.push_async_callback(bounded, "database.dispose", partial(dispose_engine, engine))
             redis = request_client(settings)

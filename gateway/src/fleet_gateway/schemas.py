@@ -361,10 +361,10 @@ class FeedbackOut(msgspec.Struct, frozen=True, kw_only=True):
     rating: Literal["up", "down"]
     comment: str | msgspec.UnsetType = msgspec.UNSET  # omitted when none was given, never null
     created_at: str
-    forwarded: bool  # false until a tracing backend receives feedback (none does yet)
+    forwarded: bool  # attached to the Run's trace (tracing on, and the Run was traced)
 
     @classmethod
-    def of(cls, row: Feedback, iso: Any) -> FeedbackOut:
+    def of(cls, row: Feedback, iso: Any, *, forwarded: bool = False) -> FeedbackOut:
         return cls(
             id=row.id,
             session_id=row.session_id,
@@ -372,5 +372,5 @@ class FeedbackOut(msgspec.Struct, frozen=True, kw_only=True):
             rating=row.rating,  # type: ignore[arg-type]
             comment=msgspec.UNSET if row.comment is None else row.comment,
             created_at=iso(row.created_at),
-            forwarded=False,
+            forwarded=forwarded,
         )

@@ -274,6 +274,12 @@ class GatewaySection(Section):
     max_concurrent_requests: Annotated[int, msgspec.Meta(ge=64, le=100_000)] = 10_000
 
 
+class TracingSection(Section):
+    # Spans carry ids, counts, models and timings. With this on they carry the request, each
+    # cell's code and each sub-LM prompt too (redacted as logs are): for a backend you trust.
+    capture_content: bool = False
+
+
 class ObservabilitySection(Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # auto: structlog's console renderer (colours, aligned keys) when stderr is a terminal, JSON
@@ -282,6 +288,9 @@ class ObservabilitySection(Section):
     # The worker's fleet_tenant_* metrics: Turns and LM tokens with a `tenant` label. Off by
     # default, since each tenant adds series; turn it on when tenants are few and known.
     metrics_tenant_label: bool = False
+    # Traces export only when the standard OTEL_* variables name an endpoint
+    # (fleet_shared.tracing); this section says what the spans may carry.
+    tracing: TracingSection = TracingSection()
 
 
 class QuotaLimits(Section):

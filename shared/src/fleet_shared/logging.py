@@ -13,6 +13,7 @@ from structlog.tracebacks import ExceptionDictTransformer
 
 from fleet_shared.config import ObservabilitySection
 from fleet_shared.redaction import redact_text
+from fleet_shared.tracing import add_trace_ids
 
 SECRET_KEY = re.compile(r"(api_?key|token|secret|password|authorization|cookie)", re.IGNORECASE)
 REDACTED = "[redacted]"
@@ -63,6 +64,7 @@ def configure_logging(section: ObservabilitySection, *, process: str) -> None:
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
+        add_trace_ids,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         exceptions,
         redact_secrets,

@@ -25,6 +25,7 @@ from fleet_shared.jobs_worker import Context, JobWorker
 from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import connect, listener
 from fleet_shared.shutdown import bounded, stop_loop
+from fleet_shared.tracing import shutdown_tracing
 from fleet_shared.workspaces import relocated_root
 from fleet_worker.cancels import CancelListener
 from fleet_worker.prices import PriceBook
@@ -128,6 +129,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> JobWorker:
             deps.sandbox_ops.shutdown(wait=False)
         if "engine" in ctx:
             await bounded("database.dispose", partial(dispose_engine, ctx["engine"]))
+        await bounded("tracing.shutdown", partial(asyncio.to_thread, shutdown_tracing))
         ctx["closed"] = True
 
     return JobWorker(

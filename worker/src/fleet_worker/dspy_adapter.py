@@ -16,25 +16,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import dspy
-import structlog
 from dspy.lm15 import Message, Response, TextPart, Usage, response_to_events
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 from dspy.utils.callback import BaseCallback
 
 from fleet_shared.config import ResolvedLM
 from fleet_shared.transcript import failed_cell_text
-from fleet_worker import metrics
 from fleet_worker.dspy_compat import FACADE_SETUP_VARIABLE, FleetRLM
 from fleet_worker.dspy_stream import run_streamed, step_began, step_ended
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, asks_for_the_answer, completion_text, count_tokens
+from fleet_worker.lm_meter import LMCallMeter, MeteredUsage
 from fleet_worker.observer import TurnObserver, fit_output
 from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.provider import Repl
 from fleet_worker.sandbox.workspace import HOST_PATHS
-from fleet_worker.tenant_tokens import TenantTokens
-
-log = structlog.get_logger(__name__)
+from fleet_worker.turn_trace import TurnTrace
 
 
 class TurnSignature(dspy.Signature):
@@ -109,9 +106,15 @@ class ScriptedEngine:
         return None
 
 
-def build_lm(lm: ResolvedLM, role: Role, cursor: ScriptCursor | None, stop: threading.Event) -> dspy.LM:
+def build_lm(
+    lm: ResolvedLM,
+    role: Role,
+    cursor: ScriptCursor | None,
+    stop: threading.Event,
+    trace: TurnTrace | None = None,
+) -> dspy.LM:
     """A fresh LM per Turn: scripted from the cursor, or any LiteLLM model via env settings."""
-    meter = [LMCallMeter(lm.name, role)]
+    meter = [LMCallMeter(lm.name, role, trace)]
     if lm.scripted:
         assert cursor is not None
         engine = ScriptedEngine(cursor, role, lm.name, stop)
@@ -134,38 +137,6 @@ def provider_kwargs(lm: ResolvedLM) -> dict[str, Any]:
 
 
 # --- DSPy callbacks -----------------------------------------------------------------------------
-
-
-class LMCallMeter(BaseCallback):
-    """On one LM: counts its calls and marks them (model, role) for MeteredUsage's token count."""
-
-    def __init__(self, model: str, role: Role) -> None:
-        self.model, self.role = model, role
-
-    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
-        metrics.lm_call_started(self.model, self.role)
-
-    def on_lm_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
-        metrics.lm_call_ended()
-
-
-class MeteredUsage:
-    """The Turn's usage tracker as DSPy sees it: each call's usage goes to the tracker, to the
-    token counters and to the tenant's count for the day (DSPy reports it in the calling
-    context, between start and end)."""
-
-    def __init__(self, tracker: Any, tokens: TenantTokens | None = None) -> None:
-        self.tracker = tracker
-        self.tokens = tokens
-
-    def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
-        self.tracker.add_usage(lm, usage_entry)
-        counted = metrics.count_lm_usage(lm, usage_entry)
-        if self.tokens is not None:
-            self.tokens.add(counted)
-
-    def __getattr__(self, name: str) -> Any:  # the rest of the tracker (get_total_tokens, ...)
-        return getattr(self.tracker, name)
 
 
 class DspyCallbacks(BaseCallback):

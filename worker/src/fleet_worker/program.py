@@ -27,6 +27,7 @@ from fleet_worker.outcome import Outcome
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.provider import SandboxLease, SandboxProvider
 from fleet_worker.tenant_tokens import TenantTokens
+from fleet_worker.turn_trace import TurnTrace
 
 CANCEL_GRACE_SECONDS = 1.0  # a cancelled program gets this long to stop before the Turn settles
 STOP_GRACE_SECONDS = 5.0
@@ -58,13 +59,14 @@ def start_program(
     provider: SandboxProvider,
     sink: EventSink,
     tokens: TenantTokens | None = None,
+    trace: TurnTrace | None = None,
 ) -> ProgramRun:
     loop = asyncio.get_running_loop()
     stop = threading.Event()
     started = asyncio.Event()
     rlm = settings.profile.rlm
     observer = TurnObserver(
-        emit=sink.emit_threadsafe,
+        emit=sink.emit_threadsafe if trace is None else trace.watching(sink.emit_threadsafe),
         run_id=sink.sequencer.run_id,
         stop=stop,
         max_output_chars=rlm.max_output_chars,
@@ -87,8 +89,8 @@ def start_program(
 
         def child_lms() -> tuple[Any, Any]:
             return (
-                dspy_adapter.build_lm(settings.root_lm, "child", root_cursor, stop),
-                dspy_adapter.build_lm(settings.sub_lm, "sub", sub_cursor, stop),
+                dspy_adapter.build_lm(settings.root_lm, "child", root_cursor, stop, trace),
+                dspy_adapter.build_lm(settings.sub_lm, "sub", sub_cursor, stop, trace),
             )
 
         children = ChildRunner(provider, observer.budget, observer, policy, child_lms)
@@ -98,8 +100,8 @@ def start_program(
         history=history,
         attachments=attachments,
         skills=skills,
-        root_lm=dspy_adapter.build_lm(settings.root_lm, "root", root_cursor, stop),
-        sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", sub_cursor, stop),
+        root_lm=dspy_adapter.build_lm(settings.root_lm, "root", root_cursor, stop, trace),
+        sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", sub_cursor, stop, trace),
         limits=dspy_adapter.ProgramLimits(rlm.max_iters, rlm.max_llm_calls, rlm.max_output_chars),
         observer=observer,
         interpreter_factory=sandbox.interpreter_factory,

@@ -52,6 +52,7 @@ from fleet_worker.sandbox.provider import FileStamp, SandboxLease, SandboxProvid
 from fleet_worker.sandbox_release import release_when_acquired, timed
 from fleet_worker.settlement import commit_failed, commit_with_retry
 from fleet_worker.tenant_tokens import TenantTokens
+from fleet_worker.turn_trace import TurnTrace, current, phase
 from fleet_worker.workspace_io import stage_attachments, stage_skills
 
 log = structlog.get_logger(__name__)
@@ -93,6 +94,7 @@ class Claim:
     checkpoint_version: int = 0  # the session's task checkpoint as this Run found it
     task: dict[str, Any] | None = None
     workspace: WorkspaceState | None = None  # its latest version, which the Run starts from
+    traceparent: str | None = None  # the POST's span: the worker's join its trace
 
 
 @dataclass
@@ -106,6 +108,7 @@ class HeldTurn:
     sandbox: SandboxLease | None = None
     request: str = ""  # the user's text, once loaded
     artifacts_before: dict[str, FileStamp] = field(default_factory=dict)  # what was there before
+    trace: TurnTrace | None = None  # its spans, when tracing is on
 
 
 async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
@@ -126,10 +129,21 @@ async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
 
 async def run_claimed(deps: WorkerDeps, ctx: dict[str, Any], claim: Claim, *, cancelled: bool) -> str:
     """The claimed Turn, from its lease to its settlement; `cancelled`: the worker stopped meanwhile."""
-    log.info("turn.claimed", attempt=claim.attempt)
-    metrics.observe_queue_wait(ctx.get("enqueue_time"))
+    trace = TurnTrace.begin(
+        claim.traceparent,
+        {"fleet.run_id": claim.run_id, "fleet.session_id": claim.session_id, "fleet.attempt": claim.attempt,
+         "fleet.tenant": claim.tenant},
+        capture_content=deps.settings.profile.observability.tracing.capture_content,
+        price=deps.prices.cost,
+    )  # fmt: skip
     async with AsyncExitStack() as cleanup:
+        cleanup.enter_context(current(trace))  # the Turn's log lines carry its trace id
+        if trace is not None:  # ended below; this ends it if the Turn never got that far
+            cleanup.callback(trace.end, "abandoned", None, {})
+        log.info("turn.claimed", attempt=claim.attempt)
+        metrics.observe_queue_wait(ctx.get("enqueue_time"))
         turn = await hold(deps, claim, cleanup)
+        turn.trace = trace
         try:
             if cancelled:  # the worker stopped during the claim: straight to the ending
                 raise asyncio.CancelledError
@@ -137,7 +151,10 @@ async def run_claimed(deps: WorkerDeps, ctx: dict[str, Any], claim: Claim, *, ca
         except asyncio.CancelledError:
             # The worker is stopping and its drain time ran out: end the Turn properly.
             outcome, cancelled = with_observations(SHUTDOWN_OUTCOME, turn.program), True
-        status, cancelled_again = await finish_even_if_cancelled(settle_and_commit(deps, turn, outcome))
+        with phase(trace, "turn.settle"):
+            status, cancelled_again = await finish_even_if_cancelled(settle_and_commit(deps, turn, outcome))
+        if trace is not None:
+            trace.end(status, outcome.failure_code, {"fleet.iterations": outcome.iterations})
     log.info("turn.settled", status=status, failure_code=outcome.failure_code)
     labelled = deps.settings.profile.observability.metrics_tenant_label
     metrics.observe_turn(status, claim.started, claim.tenant if labelled else None)
@@ -189,6 +206,7 @@ def start_and_load(
         checkpoint_version=session.checkpoint_version,
         task=session.task,
         workspace=workspace,
+        traceparent=run.traceparent,
     )
 
 
@@ -216,7 +234,8 @@ async def prepare_and_execute(deps: WorkerDeps, turn: HeldTurn, cleanup: AsyncEx
     try:
         if turn.lease.lost.is_set():
             raise LeaseLost("a sweep took the Run over before this worker could start it")
-        prepared = await prepare(deps, turn, cleanup)
+        with phase(turn.trace, "turn.prepare"):
+            prepared = await prepare(deps, turn, cleanup)
         return await execute(deps, turn, prepared)
     except Exception as exc:
         return with_observations(failure_outcome(exc), turn.program)
@@ -253,6 +272,8 @@ async def prepare(deps: WorkerDeps, turn: HeldTurn, cleanup: AsyncExitStack) -> 
         max_chars=rlm.max_history_chars,
     )
     turn.request = conversation.request
+    if turn.trace is not None:
+        turn.trace.content(turn.trace.root, "fleet.request", conversation.request)
     if conversation.truncated:
         message = (
             f"the RLM sees only the last {rlm.max_history_turns} Turns of this session, "
@@ -306,6 +327,7 @@ async def execute(deps: WorkerDeps, turn: HeldTurn, prepared: Prepared) -> Outco
         provider=deps.sandboxes,
         sink=turn.sink,
         tokens=tokens,
+        trace=turn.trace,
     )
     timeout = settings.profile.runtime.turn_timeout_seconds
     result = await wait_for_program(turn.program, turn.lease, timeout, turn.sink, deps.sandbox_ops)

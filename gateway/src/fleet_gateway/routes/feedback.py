@@ -11,9 +11,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from fleet_gateway.errors import not_found
 from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.schemas import FeedbackIn, FeedbackOut
+from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
 from fleet_shared.db.feedback import record_feedback
+from fleet_shared.db.models import Feedback, Run
+from fleet_shared.redaction import redact_text
 from fleet_shared.tenancy import Principal
+from fleet_shared.tracing import context_of, start_span, tracing_on
 
 
 class FeedbackController(Controller):
@@ -23,14 +27,17 @@ class FeedbackController(Controller):
     async def submit_feedback(
         self,
         db: NamedDependency[AsyncSession],
+        gw: NamedDependency[GatewayState],
         caller: NamedDependency[Principal],
         session_id: FromPath[str],
         data: JSONBody[FeedbackIn],
     ) -> FeedbackOut:
         """Record an up or down rating (and an optional comment) of one of the session's Runs.
 
-        It is stored in the database only: tracing (MLflow) is not implemented, so nothing is
-        forwarded and `forwarded` is always false. A Run of another session answers the same 404
+        It is stored in the database. With tracing on (the `OTEL_*` variables), it is also
+        attached to the Run's trace as a `turn.feedback` span with a `feedback` event, and
+        `forwarded` is true; the comment goes there only with
+        `observability.tracing.capture_content`. A Run of another session answers the same 404
         as an unknown one."""
         session = await load_session(db, session_id, caller)  # a reader may rate what it reads
         try:
@@ -42,4 +49,22 @@ class FeedbackController(Controller):
             row = None
         if row is None:
             raise not_found("run")
-        return FeedbackOut.of(row, iso)
+        run = await db.get(Run, row.run_id)
+        capture = gw.settings.profile.observability.tracing.capture_content
+        forwarded = forward(row, run.traceparent if run is not None else None, capture)
+        return FeedbackOut.of(row, iso, forwarded=forwarded)
+
+
+def forward(row: Feedback, traceparent: str | None, capture_content: bool) -> bool:
+    """The rating as a span in the Run's trace; False when tracing is off or the Run has none."""
+    parent = context_of(traceparent)
+    if not tracing_on() or parent is None:
+        return False
+    attributes = {"fleet.run_id": row.run_id, "fleet.session_id": row.session_id, "fleet.feedback_id": row.id}
+    span = start_span("turn.feedback", parent, attributes)
+    event: dict[str, str] = {"fleet.rating": row.rating}
+    if capture_content and row.comment:
+        event["fleet.comment"] = redact_text(row.comment)
+    span.add_event("feedback", event)
+    span.end()
+    return True

@@ -28,6 +28,7 @@ from fleet_shared.ids import parse_uuid
 from fleet_shared.run_state import is_terminal
 from fleet_shared.skills import SKILL_ID
 from fleet_shared.tenancy import Principal
+from fleet_shared.tracing import child_span, context_of, traceparent_of
 
 log = structlog.get_logger(__name__)
 TURN_STREAM_DESCRIPTION = (
@@ -42,6 +43,15 @@ TURN_STREAM_DESCRIPTION = (
 
 # Litestar validates it (a 422 `validation_error` in the envelope): 1-128 printable ASCII
 # characters, not all of them spaces.
+TraceParent = Annotated[
+    str | None,
+    HeaderParameter(
+        name="traceparent",
+        required=False,
+        max_length=128,
+        description="W3C trace context: with tracing on, the Turn's trace continues the caller's",
+    ),
+]
 IdempotencyKey = Annotated[
     str,
     HeaderParameter(
@@ -129,6 +139,7 @@ class TurnController(Controller):
         session_id: FromPath[str],
         data: JSONBody[TurnRequest],
         idempotency_key: IdempotencyKey,
+        traceparent: TraceParent = None,
     ) -> EventStream:
         key = idempotency_key
         check_request(data, gw.settings.profile.gateway.limits.max_text_chars)
@@ -149,31 +160,38 @@ class TurnController(Controller):
                 selected = await check_skills(db, data)
         session_id = canonical
         limits = gw.settings.profile.quotas.of(caller.tenant)
-        started = time.perf_counter()
-        outcome = await queries.claim_turn(
-            gw.engine,
-            session_id=session_id,
-            idempotency_key=key,
-            fingerprint=hashlib.sha256(data.fingerprint_bytes()).hexdigest(),
-            text=data.text,
-            model=gw.settings.root_lm.name,
-            caller=caller,
-            active_limit=limits.active_turns,
-            attachments=attachments,
-            skills=selected,
-        )
-        claimed = time.perf_counter()
-        timing = f"claim;dur={(claimed - started) * 1000:.3f}"
-        if isinstance(outcome, queries.ClaimRefused):
-            raise refusal(outcome, limits)
-        run = outcome.run
-        structlog.contextvars.bind_contextvars(run_id=run.id, session_id=session_id)
-        if outcome.created:
-            log.info("turn.claimed")
-            if limits.turns_per_minute or limits.lm_tokens_per_day:
-                await within_counted_quotas(gw, run, caller.tenant, limits)
-            await enqueue(gw, run)
-            timing += f", enqueue;dur={(time.perf_counter() - claimed) * 1000:.3f}"
+        attributes = {"fleet.session_id": session_id, "fleet.tenant": caller.tenant}
+        with child_span("turn.submit", context_of(traceparent), **attributes) as submit:
+            started = time.perf_counter()
+            with child_span("turn.claim", submit):
+                outcome = await queries.claim_turn(
+                    gw.engine,
+                    session_id=session_id,
+                    idempotency_key=key,
+                    fingerprint=hashlib.sha256(data.fingerprint_bytes()).hexdigest(),
+                    text=data.text,
+                    model=gw.settings.root_lm.name,
+                    caller=caller,
+                    active_limit=limits.active_turns,
+                    attachments=attachments,
+                    skills=selected,
+                    traceparent=traceparent_of(submit),
+                )
+            claimed = time.perf_counter()
+            timing = f"claim;dur={(claimed - started) * 1000:.3f}"
+            if isinstance(outcome, queries.ClaimRefused):
+                submit.set_attribute("fleet.refused", outcome.reason)
+                raise refusal(outcome, limits)
+            run = outcome.run
+            submit.set_attributes({"fleet.run_id": run.id, "fleet.replayed": not outcome.created})
+            structlog.contextvars.bind_contextvars(run_id=run.id, session_id=session_id)
+            if outcome.created:
+                log.info("turn.claimed")
+                if limits.turns_per_minute or limits.lm_tokens_per_day:
+                    await within_counted_quotas(gw, run, caller.tenant, limits)
+                with child_span("turn.enqueue", submit):
+                    await enqueue(gw, run)
+                timing += f", enqueue;dur={(time.perf_counter() - claimed) * 1000:.3f}"
         settled = is_terminal(run.status)  # a replayed settled Run
         body = stream_run(
             gw.stream_deps,

@@ -37,6 +37,7 @@ REVISIONS = (
     "0007_workspace_versions",
     "0008_no_settling_status",
     "0009_tenancy",
+    "0010_run_traceparent",
 )
 HEAD_REVISION = REVISIONS[-1]
 CONNECT_TIMEOUT_SECONDS = 5

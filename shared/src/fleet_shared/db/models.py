@@ -112,6 +112,8 @@ class Run(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    # The W3C traceparent of its `turn.submit` span (fleet_shared.tracing); None: not traced.
+    traceparent: Mapped[str | None] = mapped_column(String(64), default=None)
 
 
 class Turn(Base):

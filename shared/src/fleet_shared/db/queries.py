@@ -142,7 +142,7 @@ CLAIM_CONTEXT = (
 # What a claim sets; the other columns stay SQL NULL (a JSON column given None would store `null`).
 CLAIMED_COLUMNS = (
     "id", "session_id", "status", "attempt", "idempotency_key", "request_fingerprint", "model",
-    "user_sequence", "last_seq", "created_at",
+    "user_sequence", "last_seq", "created_at", "traceparent",
 )  # fmt: skip
 INSERT_RUN_UNLESS_ARCHIVED = insert(RUNS).from_select(
     list(CLAIMED_COLUMNS),
@@ -180,6 +180,7 @@ class ClaimRequest:
     parts: list[dict[str, object]]  # the user Turn's UIMessage parts
     caller: Principal
     active_limit: int = 0  # the tenant's quota of active Turns; 0: none
+    traceparent: str | None = None  # the POST's span (fleet_shared.tracing); None: not traced
 
 
 def read_claim_context(connection: Connection, request: ClaimRequest) -> ClaimContext:
@@ -230,6 +231,7 @@ async def claim_turn(
     active_limit: int = 0,
     attachments: Sequence[Attachment] = (),
     skills: Sequence[Skill] = (),
+    traceparent: str | None = None,
 ) -> Claimed | ClaimRefused:
     """In one transaction: honour the key, insert the queued Run and the user Turn (its text,
     then one `data-attachment` part per attachment and one `data-skill` part per selected skill:
@@ -252,7 +254,9 @@ async def claim_turn(
         *(attachment_part(a.id, a.filename, a.byte_size) for a in attachments),
         *(selected_skill_part(skill) for skill in skills),
     ]
-    request = ClaimRequest(session_id, idempotency_key, fingerprint, model, parts, caller, active_limit)
+    request = ClaimRequest(
+        session_id, idempotency_key, fingerprint, model, parts, caller, active_limit, traceparent
+    )
     twin = sqlite_twin(engine)
     if twin is not None:
         return await twin.run(functools.partial(claim_on_twin, request=request))
@@ -297,6 +301,7 @@ def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | Cla
         "attempt": 0, "idempotency_key": request.idempotency_key,
         "request_fingerprint": request.fingerprint, "model": request.model,
         "user_sequence": context.last_sequence + 1, "last_seq": 0, "created_at": stamp,
+        "traceparent": request.traceparent,
     }  # fmt: skip
     # On SQLite the INSERT takes the write lock, so no archive lands before our commit; on
     # PostgreSQL an archive committed before this statement is seen here (READ COMMITTED reads
