@@ -5,12 +5,15 @@ One worker (`worker.concurrency` = the highest level, so its slots and program t
 queue a Turn) on the provider path, against the streaming fake provider (tests/support/
 fake_provider.py, loopback) at a time to first token of 400 ms and 60 tokens/s. Each Turn is a
 real one: a streamed root LM call, a cell in its sandbox, the answer, the commit. At each level
-N, N clients each post Turns back to back in a running conversation of their own (each session's
-first Turn, which starts its REPL, runs before and is not measured). The levels run up, then
-down again, and each level's samples are pooled, so drift shows as spread rather than slope.
-The baseline is level 1 in the same run; the knee is the highest level whose p95 is within 10%
-of it. Memory is the worker's process tree (its sandboxes' REPLs included), sampled every 100 ms
-while a level runs, less the tree at rest (after warm-up), per Turn in flight.
+N, N clients each post Turns back to back in a session of their own (each session's first Turn,
+which makes its workspace, runs before and is not measured). The levels run up, then down again,
+and each level's samples are pooled, so drift shows as spread rather than slope. The baseline is
+level 1 in the same run; the knee is the last level, going up, before the first whose p95 is more
+than 10% over it. A REPL serves one Run: the warm pool (`sandbox.local.pool_size`, default 4)
+has REPLs ready for the first Turns of a burst, and past it each Turn starts its own, so the pool
+size moves the knee as well as `worker.concurrency` and the CPU. Memory is the worker's process
+tree (its REPLs included), sampled every 100 ms while a level runs, less the tree at rest just
+before that level, per Turn in flight.
 """
 
 from __future__ import annotations
@@ -79,19 +82,31 @@ def clients_post(st: fleet_stack.Stack, sessions: list[str], turns_each: int) ->
 
 
 def level(st: fleet_stack.Stack, clients: int, turns_each: int) -> tuple[list[float], float]:
-    """Turn times (s) in `clients` running conversations at once, and the worker tree's mean RSS
-    meanwhile."""
+    """Turn times (s) with `clients` sessions posting at once, and the worker tree's mean RSS
+    meanwhile over its RSS at rest just before (bytes)."""
     sessions = [fleet_stack.new_session(st.url) for _ in range(clients)]
-    clients_post(st, sessions, 1)  # each session's first Turn: its REPL starts
+    clients_post(st, sessions, 1)  # each session's first Turn: its workspace is made
+    rest = at_rest_bytes(st.workers[0].pid)
     with TreeSampler(st.workers[0].pid) as sampler:
         results = clients_post(st, sessions, turns_each)
-    return [r.end_s for r in results], mean(sampler.samples) if sampler.samples else 0.0
+    busy = mean(sampler.samples) if sampler.samples else float(rest)
+    return [r.end_s for r in results], busy - rest
+
+
+def knee_of(levels: list[int], growth: dict[int, float]) -> int:
+    """The last level, going up, before the first that grows past KNEE_GROWTH."""
+    knee = levels[0]
+    for n in levels:
+        if growth[n] > KNEE_GROWTH:
+            break
+        knee = n
+    return knee
 
 
 def run(
     *, quick: bool = False, turns_each: int | None = None, levels: tuple[int, ...] | None = None
 ) -> dict[str, Any]:
-    levels = levels or (QUICK_LEVELS if quick else LEVELS)
+    levels = tuple(sorted(levels or (QUICK_LEVELS if quick else LEVELS)))
     turns_each = turns_each if turns_each is not None else (2 if quick else 4)
     top = max(levels)
     receipt = Receipt(
@@ -105,7 +120,7 @@ def run(
         baseline="level 1 (one Turn in flight), same run",
     )  # fmt: skip
     samples: dict[int, list[float]] = {n: [] for n in levels}
-    memory: dict[int, list[float]] = {n: [] for n in levels}
+    memory: dict[int, list[float]] = {n: [] for n in levels}  # bytes over rest, per pass
     with serve_fake_provider() as provider:
         provider.ttft_s, provider.tokens_per_s = TTFT_S, TOKENS_PER_S
         provider.replies += [REPLY] * (2 * sum(n * (turns_each + 1) for n in levels) + 16)
@@ -130,8 +145,8 @@ def run(
     figures = {n: summary(samples[n]) for n in levels}
     base = figures[levels[0]]["p95_ms"]
     growth = {n: round(figures[n]["p95_ms"] / base, 3) for n in levels}
-    knee = max((n for n in levels if growth[n] <= KNEE_GROWTH), default=levels[0])
-    per_turn = {n: round((mean(memory[n]) - rest) / n / 2**20, 1) for n in levels}
+    knee = knee_of(list(levels), growth)
+    per_turn = {n: round(mean(memory[n]) / n / 2**20, 1) for n in levels}
     receipt.figures = {
         "turn_time": {str(n): figures[n] for n in levels},
         "p95_over_one_turn": {str(n): growth[n] for n in levels},
@@ -140,13 +155,15 @@ def run(
         "worker_tree_rss_per_live_turn_mb": {str(n): per_turn[n] for n in levels},
     }
     receipt.notes.append(
-        f"knee: the highest level whose p95 Turn time is within {KNEE_GROWTH:.2f}x of one Turn alone. "
+        f"knee: the last level, going up, before the first whose p95 Turn time is over {KNEE_GROWTH:.2f}x "
+        "that of one Turn alone. "
         "A Turn past `worker.concurrency` waits in the queue, so the knee is at most that setting; "
         "below it the bound is the worker's CPU (its event loop, program threads and sandboxes share "
         "the machine's cores with the gateway, Redis and the clients here)."
     )
     receipt.notes.append(
         "rss per live Turn: the worker's process tree, its REPLs included, averaged while the level "
-        "ran, less the tree at rest after warm-up, over the Turns in flight."
+        "ran, less the tree at rest just before it (warm pool refilled), over the Turns in flight. "
+        "worker_tree_rss_at_rest_mb: the tree at rest after the worker's first Turns."
     )
     return receipt.written()

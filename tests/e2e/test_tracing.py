@@ -1,8 +1,9 @@
 """Traces from a real deployment's processes: a gateway and a worker, each in its own working
 directory, export over OTLP/HTTP to a receiver on loopback, configured by the standard `OTEL_*`
-variables alone. One Turn is one trace, continuing the caller's `traceparent`: the gateway's
-submit, claim and enqueue; the worker's run, its phases, iterations, cells, sub-LM queries and
-LM calls with tokens; and the feedback, attached to it. No span carries the user's text."""
+variables alone. One Turn is one trace of fleet's own, linked to the caller's `traceparent` (a
+caller is not trusted to pick the trace or its sampling): the gateway's submit, claim and
+enqueue; the worker's run, its phases, iterations, cells, sub-LM queries and LM calls with
+tokens; and the feedback, attached to it. No span carries the user's text."""
 
 from __future__ import annotations
 
@@ -93,13 +94,15 @@ def test_a_turn_is_one_trace_across_the_gateway_and_the_worker(traced: Traced) -
     eventually(lambda: bool(receiver.named("turn.feedback")), 30)
 
     submit = one(receiver.named("turn.submit"))
-    assert (submit.service, submit.trace_id, submit.parent_id) == ("fleet-gateway", CALLER_TRACE, CALLER_SPAN)
+    trace_id = submit.trace_id
+    assert (submit.service, submit.parent_id) == ("fleet-gateway", "") and trace_id != CALLER_TRACE
+    assert submit.links == [(CALLER_TRACE, CALLER_SPAN)]
     assert submit.attributes["fleet.run_id"] == run_id
     for name in ("turn.claim", "turn.enqueue"):
         assert one(receiver.named(name)).parent_id == submit.span_id
 
     run = one(receiver.named("turn.run"))
-    assert (run.service, run.trace_id, run.parent_id) == ("fleet-worker", CALLER_TRACE, submit.span_id)
+    assert (run.service, run.trace_id, run.parent_id) == ("fleet-worker", trace_id, submit.span_id)
     assert run.attributes["fleet.run_id"] == run_id and run.attributes["fleet.attempt"] == 1
     assert run.attributes["fleet.status"] == "completed" and not run.failed
     for name in ("turn.prepare", "turn.settle"):
@@ -124,11 +127,11 @@ def test_a_turn_is_one_trace_across_the_gateway_and_the_worker(traced: Traced) -
         assert call.attributes["gen_ai.usage.output_tokens"] > 0
 
     feedback = one(receiver.named("turn.feedback"))
-    assert (feedback.trace_id, feedback.parent_id) == (CALLER_TRACE, submit.span_id)
+    assert (feedback.trace_id, feedback.parent_id) == (trace_id, submit.span_id)
     assert feedback.events == [("feedback", {"fleet.rating": "up"})]  # no comment: content is off
 
     every = receiver.spans
-    assert {s.trace_id for s in every} == {CALLER_TRACE}
+    assert {s.trace_id for s in every} == {trace_id}
     assert not [s.name for s in every if REQUEST in json.dumps(s.attributes | dict(s.events))]
     assert not [s.name for s in every if "fleet.code" in s.attributes or "fleet.prompt" in s.attributes]
 
@@ -137,4 +140,4 @@ def test_a_turn_is_one_trace_across_the_gateway_and_the_worker(traced: Traced) -
         for line in (traced.folders["worker"] / "fleet.log").read_text().splitlines()
         if line.startswith("{") and '"turn.claimed"' in line
     ]
-    assert [(entry["trace_id"], entry["span_id"]) for entry in claimed] == [(CALLER_TRACE, run.span_id)]
+    assert [(entry["trace_id"], entry["span_id"]) for entry in claimed] == [(trace_id, run.span_id)]

@@ -25,6 +25,7 @@ class ReceivedSpan:
     attributes: dict[str, Any]
     events: list[tuple[str, dict[str, Any]]]
     failed: bool
+    links: list[tuple[str, str]]  # (trace id, span id) of each linked span
 
 
 def value_of(value: AnyValue) -> Any:
@@ -89,6 +90,7 @@ class OtlpReceiver:
                             attributes=attributes_of(span.attributes),
                             events=[(e.name, attributes_of(e.attributes)) for e in span.events],
                             failed=span.status.code == 2,  # STATUS_CODE_ERROR
+                            links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
                         )
                     )
         with self.lock:

@@ -278,6 +278,10 @@ class TracingSection(Section):
     # Spans carry ids, counts, models and timings. With this on they carry the request, each
     # cell's code and each sub-LM prompt too (redacted as logs are): for a backend you trust.
     capture_content: bool = False
+    # A POST's `traceparent` header: false (the default), the Turn's trace is fleet's own, with a
+    # link to the caller's span; true, it continues the caller's trace and sampling decision.
+    # Turn it on only when the callers are your own services.
+    trust_inbound_context: bool = False
 
 
 class ObservabilitySection(Section):

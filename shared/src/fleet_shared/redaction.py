@@ -40,8 +40,19 @@ AUTHORIZATION = re.compile(
     r"((?:proxy-)?authorization|x-api-key|api-key)(['\"]?\s*[:=]\s*['\"]?)([^\r\n'\",}]+)", re.IGNORECASE
 )
 BEARER = re.compile(r"\b(bearer)(\s+)[\w.~+/=-]{4,}", re.IGNORECASE)
+# What code and config text carry: `api_key = "…"`, `{"token": "…"}`, `password: …` (quoted or
+# not), and keys recognisable by their issuer's prefix wherever they stand.
+SECRET_COLON_OR_QUOTED = re.compile(
+    rf"(?<![\w-])({SECRET_NAME})(['\"]?\s*(?::\s*['\"]?|=\s*['\"]))([^\s'\",}}]+)", re.IGNORECASE
+)
+KNOWN_KEY = re.compile(
+    r"\b(?:sk-[A-Za-z0-9_-]{16,}|ghp_[A-Za-z0-9]{20,}|github_pat_\w{20,}|AKIA[0-9A-Z]{16}|xox[abpr]-[\w-]{10,})"
+)
 # A cheap test before the regexes run (the log redacts every string of every line).
-MAYBE_SECRET = re.compile(r"://|@|=|bearer|authorization|api-key", re.IGNORECASE)
+MAYBE_SECRET = re.compile(
+    r"://|@|=|bearer|authorization|api-key|pass|pwd|token|secret|key|sk-|ghp_|github_pat_|AKIA|xox",
+    re.IGNORECASE,
+)
 
 
 def redact_url(text: str) -> str:
@@ -56,12 +67,15 @@ def redact_url(text: str) -> str:
 
 
 def redact_text(text: str) -> str:
-    """`redact_url`, plus what free text carries: `user:pw@host` without a scheme, `Bearer <token>`
-    and `Authorization: <value>`."""
+    """`redact_url`, plus what free text and code carry: `user:pw@host` without a scheme,
+    `Bearer <token>`, `Authorization: <value>`, `api_key = "<value>"` / `"token": "<value>"` /
+    `password: <value>`, and keys known by their prefix (`sk-…`, `ghp_…`, `AKIA…`, `xox?-…`)."""
     if not MAYBE_SECRET.search(text):
         return text
     text = BARE_USERINFO.sub(rf"\1:{MASK}@", redact_url(text))
     text = AUTHORIZATION.sub(rf"\1\2{MASK}", text)
+    text = SECRET_COLON_OR_QUOTED.sub(rf"\1\2{MASK}", text)
+    text = KNOWN_KEY.sub(MASK, text)
     return BEARER.sub(rf"\1\2{MASK}", text)
 
 

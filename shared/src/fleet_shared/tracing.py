@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 log = structlog.get_logger(__name__)
@@ -83,7 +83,8 @@ def tracer() -> trace.Tracer:
 
 
 def traceparent_of(span: Span) -> str | None:
-    """The span as a W3C `traceparent`, or None for a span that is not recorded."""
+    """The span as a W3C `traceparent` (its sampled flag included, so the processes that continue
+    it record it or not alike), or None for the invalid span that tracing off makes."""
     if not span.get_span_context().is_valid:
         return None
     carrier: dict[str, str] = {}
@@ -99,25 +100,41 @@ def context_of(traceparent: str | None) -> Context | None:
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
+def inbound(traceparent: str | None, trusted: bool) -> tuple[Context | None, list[Link]]:
+    """A caller's `traceparent` as (parent, links). Trusted, the Turn's trace continues the
+    caller's (its trace id, its sampling decision). Not trusted (the default), the Turn starts a
+    trace of its own, sampled by the operator's sampler, with a link to the caller's span: a
+    client can neither switch tracing off for its Turn nor put spans into another trace."""
+    caller = context_of(traceparent)
+    if caller is None or trusted:
+        return caller, []
+    return None, [Link(trace.get_current_span(caller).get_span_context())]
+
+
 def start_span(
     name: str,
     parent: Context | Span | None,
     attributes: Mapping[str, Any] | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
+    links: list[Link] | None = None,
 ) -> Span:
     """A span under an explicit parent (a program's threads do not share the loop's context)."""
     context = trace.set_span_in_context(parent) if isinstance(parent, Span) else parent
-    return tracer().start_span(name, context=context, kind=kind, attributes=dict(attributes or {}))
+    return tracer().start_span(
+        name, context=context, kind=kind, attributes=dict(attributes or {}), links=links
+    )
 
 
 @contextmanager
-def child_span(name: str, parent: Context | Span | None, **attributes: Any) -> Iterator[Span]:
+def child_span(
+    name: str, parent: Context | Span | None, links: list[Link] | None = None, **attributes: Any
+) -> Iterator[Span]:
     """A span that ends with the block, current within it; an exception out of it marks it
     failed. With tracing off it is the invalid span, and nothing is made or set."""
     if not tracing_on():
         yield trace.INVALID_SPAN
         return
-    span = start_span(name, parent, attributes)
+    span = start_span(name, parent, attributes, links=links)
     try:
         with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
             yield span

@@ -65,6 +65,15 @@ def test_text_without_secrets_is_unchanged(text: str) -> None:
         ("no proxyuser:PROXY-PW@127.0.0.1:1", "no proxyuser:***@127.0.0.1:1"),
         ("connect: host=db password=s3cret, retrying", "connect: host=db password=***, retrying"),
         ("the token expired", "the token expired"),
+        ('client(api_key="sk-live-0123456789abcdef")', 'client(api_key="***")'),
+        ("API_KEY = 'abc123def456'", "API_KEY = '***'"),
+        ('{"api_key": "k-123", "model": "gpt"}', '{"api_key": "***", "model": "gpt"}'),
+        ("token: ghp_0123456789abcdefghijABCD", "token: ***"),
+        ("password: hunter22", "password: ***"),
+        ("key is sk-proj-0123456789abcdefXYZ, use it", "key is ***, use it"),
+        ("aws AKIAABCDEFGHIJKLMNOP here", "aws *** here"),
+        ("max_tokens: 100, tokens: 5", "max_tokens: 100, tokens: 5"),
+        ('{"token_count": 5, "secretary": "ada"}', '{"token_count": 5, "secretary": "ada"}'),
     ],
 )
 def test_redact_text_also_masks_what_free_text_carries(text: str, shown: str) -> None:

@@ -9,8 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from opentelemetry import trace
 
-from fleet_shared.tracing import context_of, tracing_requested
+from fleet_shared.tracing import context_of, inbound, tracing_requested
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
 
@@ -74,3 +75,24 @@ def test_a_missing_or_malformed_traceparent_starts_a_new_trace(value: str | None
 def test_a_traceparent_names_its_parent() -> None:
     parent = context_of("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
     assert parent is not None
+
+
+CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"  # sampled flag off
+
+
+def test_an_untrusted_caller_is_linked_and_cannot_pick_the_trace_or_its_sampling() -> None:
+    parent, links = inbound(CALLER, trusted=False)
+    assert parent is None  # a trace of fleet's own, sampled by the operator's sampler
+    assert [format(link.context.trace_id, "032x") for link in links] == ["4bf92f3577b34da6a3ce929d0e0e4736"]
+
+
+def test_a_trusted_caller_is_continued() -> None:
+    parent, links = inbound(CALLER, trusted=True)
+    assert parent is not None and links == []
+    context = trace.get_current_span(parent).get_span_context()
+    assert format(context.span_id, "016x") == "00f067aa0ba902b7" and not context.trace_flags.sampled
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_no_or_a_malformed_caller_context_is_a_new_trace(trusted: bool) -> None:
+    assert inbound(None, trusted) == (None, []) and inbound("garbage", trusted) == (None, [])

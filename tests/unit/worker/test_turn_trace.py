@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fleet_shared import tracing
 from fleet_shared.events import CellOutput, CodeCell, IterationFinished, IterationStarted, LMQueryStarted
 from fleet_worker.turn_trace import TurnTrace
+from tests.support.spans import recorded_spans
 
 RUN = "r1"
 SECRET_CODE = "print('Bearer sk-abcdefabcdefabcdef')"
@@ -20,14 +19,8 @@ SECRET_CODE = "print('Bearer sk-abcdefabcdefabcdef')"
 
 @pytest.fixture
 def exported() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.state["provider"] = provider  # this module's spans only; the process's global is untouched
-    try:
+    with recorded_spans() as exporter:
         yield exporter
-    finally:
-        tracing.state["provider"] = None
 
 
 def begin(capture: bool) -> TurnTrace:
@@ -100,3 +93,36 @@ def test_a_turn_stopped_mid_cell_ends_every_span(exported: InMemorySpanExporter)
     assert names == ["rlm.iteration", "sandbox.cell", "turn.run"]
     run = by_name(exported)["turn.run"]
     assert run.status.status_code.name == "ERROR" and run.attributes["fleet.failure_code"] == "cancelled"
+
+
+def test_after_the_turn_ends_a_late_thread_opens_no_span(exported: InMemorySpanExporter) -> None:
+    trace = begin(False)
+    trace.end("cancelled", "cancelled", {})
+    trace.observe(IterationStarted(run_id=RUN, iteration=1))  # a program thread that outlived it
+    trace.observe(CodeCell(run_id=RUN, call_id="cell-1", code="x"))
+    late = trace.lm_started("openai/gpt-test", "root")
+    late.end()
+    assert [span.name for span in exported.get_finished_spans()] == ["turn.run"]
+    assert not late.get_span_context().is_valid
+
+
+def test_a_retried_call_adds_each_attempts_usage(exported: InMemorySpanExporter) -> None:
+    trace = begin(False)
+    call = trace.lm_started("openai/gpt-test", "root")
+    trace.lm_usage(call, "openai/gpt-test", {"prompt_tokens": 10, "completion_tokens": 2})
+    trace.lm_usage(call, "openai/gpt-test", {"prompt_tokens": 10, "completion_tokens": 3})
+    trace.lm_ended(call, None)
+    trace.end("completed", None, {})
+    span = by_name(exported)["lm.call"]
+    assert (span.attributes["gen_ai.usage.input_tokens"], span.attributes["gen_ai.usage.output_tokens"]) == (
+        20,
+        5,
+    )
+    assert span.attributes["fleet.cost_usd"] == 0.5
+
+
+def test_spans_the_turn_left_open_are_marked_unfinished(exported: InMemorySpanExporter) -> None:
+    trace = begin(False)
+    trace.observe(IterationStarted(run_id=RUN, iteration=1))
+    trace.end("failed", "turn_timeout", {})
+    assert by_name(exported)["rlm.iteration"].attributes["fleet.unfinished"] is True

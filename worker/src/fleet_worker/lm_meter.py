@@ -8,7 +8,6 @@ from typing import Any
 
 from dspy.utils.callback import BaseCallback
 
-from fleet_shared.tracing import failed
 from fleet_worker import metrics
 from fleet_worker.lm.script import Role
 from fleet_worker.tenant_tokens import TenantTokens
@@ -32,11 +31,9 @@ class LMCallMeter(BaseCallback):
     def on_lm_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
         metrics.lm_call_ended()
         span = self.spans.pop(call_id, None)
-        if span is not None:
+        if span is not None and self.trace is not None:
             CURRENT_LM_CALL.set(None)
-            if exception is not None:
-                failed(span, type(exception).__name__)
-            span.end()
+            self.trace.lm_ended(span, None if exception is None else type(exception).__name__)
 
 
 class MeteredUsage:

@@ -1,6 +1,6 @@
 """One Turn's spans on the worker, under the gateway's `turn.submit` (fleet_shared.tracing).
 
-    turn.run ─ sandbox.lease, turn.prepare, turn.settle      (the event loop, in turn.py)
+    turn.run ─ turn.prepare, turn.settle                     (the event loop, in turn.py)
              └ rlm.iteration ─ lm.call                       (the root LM's action)
                              ├ sandbox.cell
                              ├ rlm.lm_query ─ lm.call        (llm_query, llm_query_batched)
@@ -9,7 +9,9 @@
 Iterations, cells, sub-LM queries and children are read off the Turn's own events, on whatever
 thread sends them; LM calls come from the LM's DSPy callback. Spans carry ids, counts, models,
 tokens and cost; the request, code and prompts only with `observability.tracing.capture_content`
-(redacted as logs are). A span a Turn leaves open (a stop mid-cell) ends with `turn.run`.
+(redacted as logs are, and cut at CONTENT_CHARS). A span a Turn leaves open (a stop mid-cell, a
+child the settlement ended) ends with `turn.run`, marked `unfinished`; once `turn.run` has ended,
+a program thread that outlived its Turn opens no more spans.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.trace import Span, SpanKind, use_span
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, use_span
 
 from fleet_shared.events import (
     CellOutput,
@@ -37,6 +39,7 @@ from fleet_shared.redaction import redact_text
 from fleet_shared.tracing import child_span, context_of, failed, start_span, tracing_on
 
 ITERATION = "iteration"
+CONTENT_CHARS = 4096  # per captured attribute: a batch past the backend's size limit is lost whole
 # The LM call in flight in this context: (its Turn's trace, its span, its model).
 CURRENT_LM_CALL: ContextVar[tuple[TurnTrace, Span, str] | None] = ContextVar(
     "fleet_current_lm_call", default=None
@@ -51,6 +54,8 @@ class TurnTrace:
     price: Pricer = lambda _model, _prompt, _completion: None
     open: dict[str, Span] = field(default_factory=dict)  # by the event's id, ITERATION for the step
     queries: list[str] = field(default_factory=list)  # open sub-LM queries, oldest first
+    # Each open LM call's tokens and cost so far: DSPy reports a retried call's usage per attempt.
+    lm_totals: dict[int, tuple[int, int, float | None]] = field(default_factory=dict)
     ended: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -71,7 +76,7 @@ class TurnTrace:
 
     def content(self, span: Span, key: str, text: str | None) -> None:
         if self.capture_content and text:
-            span.set_attribute(key, redact_text(text))
+            span.set_attribute(key, redact_text(text[:CONTENT_CHARS]))
 
     def parent(self) -> Span:
         return self.open.get(ITERATION, self.root)
@@ -87,6 +92,8 @@ class TurnTrace:
 
     def observe(self, event: RunEvent) -> None:
         with self.lock:
+            if self.ended:
+                return
             match event:
                 case IterationStarted(iteration=n):
                     self.close(ITERATION)
@@ -143,16 +150,30 @@ class TurnTrace:
 
     def lm_started(self, model: str, role: str) -> Span:
         with self.lock:  # a sub-LM call sits under the query that made it
+            if self.ended:
+                return INVALID_SPAN
             parent = self.open[self.queries[-1]] if role == "sub" and self.queries else self.parent()
         attributes = {"gen_ai.request.model": model, "fleet.lm_role": role}
         return start_span("lm.call", parent, attributes, kind=SpanKind.CLIENT)
 
     def lm_usage(self, span: Span, model: str, usage: dict[str, Any]) -> None:
+        """One report of the call's usage, added to what it already reported."""
         prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        span.set_attributes({"gen_ai.usage.input_tokens": prompt, "gen_ai.usage.output_tokens": completion})
         cost = self.price(model, prompt, completion)
-        if cost is not None:
-            span.set_attribute("fleet.cost_usd", cost)
+        with self.lock:
+            before = self.lm_totals.get(id(span), (0, 0, None))
+            cost_so_far = None if cost is None and before[2] is None else (before[2] or 0.0) + (cost or 0.0)
+            totals = self.lm_totals[id(span)] = (before[0] + prompt, before[1] + completion, cost_so_far)
+        span.set_attributes({"gen_ai.usage.input_tokens": totals[0], "gen_ai.usage.output_tokens": totals[1]})
+        if totals[2] is not None:
+            span.set_attribute("fleet.cost_usd", totals[2])
+
+    def lm_ended(self, span: Span, error: str | None) -> None:
+        with self.lock:
+            self.lm_totals.pop(id(span), None)
+        if error is not None:
+            failed(span, error)
+        span.end()
 
     def end(self, status: str, failure_code: str | None, usage: dict[str, Any]) -> None:
         """`turn.run` ends (once), and with it whatever the Turn left open."""
@@ -161,6 +182,7 @@ class TurnTrace:
                 return
             self.ended = True
             for key in list(self.open):
+                self.open[key].set_attribute("fleet.unfinished", True)
                 self.close(key)
             self.queries.clear()
         self.root.set_attributes({"fleet.status": status, **usage})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import Controller, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -49,22 +50,25 @@ class FeedbackController(Controller):
             row = None
         if row is None:
             raise not_found("run")
-        run = await db.get(Run, row.run_id)
-        capture = gw.settings.profile.observability.tracing.capture_content
-        forwarded = forward(row, run.traceparent if run is not None else None, capture)
+        forwarded = False
+        if tracing_on():  # off, no query and no span
+            traceparent = await db.scalar(select(Run.traceparent).where(Run.id == row.run_id))
+            forwarded = forward(row, traceparent, gw.settings.profile.observability.tracing.capture_content)
         return FeedbackOut.of(row, iso, forwarded=forwarded)
 
 
 def forward(row: Feedback, traceparent: str | None, capture_content: bool) -> bool:
-    """The rating as a span in the Run's trace; False when tracing is off or the Run has none."""
+    """The rating as a span in the Run's trace; False when the Run has none, or its trace is not
+    recorded (a sampler left it out)."""
     parent = context_of(traceparent)
-    if not tracing_on() or parent is None:
+    if parent is None:
         return False
     attributes = {"fleet.run_id": row.run_id, "fleet.session_id": row.session_id, "fleet.feedback_id": row.id}
     span = start_span("turn.feedback", parent, attributes)
+    recorded = span.is_recording()  # false under an unsampled parent: nothing reaches the exporter
     event: dict[str, str] = {"fleet.rating": row.rating}
     if capture_content and row.comment:
         event["fleet.comment"] = redact_text(row.comment)
     span.add_event("feedback", event)
     span.end()
-    return True
+    return recorded

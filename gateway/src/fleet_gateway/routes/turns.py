@@ -28,7 +28,7 @@ from fleet_shared.ids import parse_uuid
 from fleet_shared.run_state import is_terminal
 from fleet_shared.skills import SKILL_ID
 from fleet_shared.tenancy import Principal
-from fleet_shared.tracing import child_span, context_of, traceparent_of
+from fleet_shared.tracing import child_span, inbound, traceparent_of
 
 log = structlog.get_logger(__name__)
 TURN_STREAM_DESCRIPTION = (
@@ -41,17 +41,18 @@ TURN_STREAM_DESCRIPTION = (
     "every field."
 )
 
-# Litestar validates it (a 422 `validation_error` in the envelope): 1-128 printable ASCII
-# characters, not all of them spaces.
+# Never refused: a malformed one is ignored, as W3C Trace Context asks (fleet_shared.tracing).
 TraceParent = Annotated[
     str | None,
     HeaderParameter(
         name="traceparent",
         required=False,
-        max_length=128,
-        description="W3C trace context: with tracing on, the Turn's trace continues the caller's",
+        description="W3C trace context of the caller's span; with tracing on, the Turn's trace links "
+        "to it (or continues it, with observability.tracing.trust_inbound_context)",
     ),
 ]
+# Litestar validates it (a 422 `validation_error` in the envelope): 1-128 printable ASCII
+# characters, not all of them spaces.
 IdempotencyKey = Annotated[
     str,
     HeaderParameter(
@@ -161,7 +162,9 @@ class TurnController(Controller):
         session_id = canonical
         limits = gw.settings.profile.quotas.of(caller.tenant)
         attributes = {"fleet.session_id": session_id, "fleet.tenant": caller.tenant}
-        with child_span("turn.submit", context_of(traceparent), **attributes) as submit:
+        trusted = gw.settings.profile.observability.tracing.trust_inbound_context
+        parent, links = inbound(traceparent, trusted)
+        with child_span("turn.submit", parent, links, **attributes) as submit:
             started = time.perf_counter()
             with child_span("turn.claim", submit):
                 outcome = await queries.claim_turn(
