@@ -14,13 +14,15 @@ Two rules:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import structlog
 
 log = structlog.get_logger(__name__)
 STEP_SECONDS = 5.0  # one teardown step (close a pool, a client); each is normally milliseconds
 LOOP_GRACE_SECONDS = 5.0  # a background loop finishing the unit of work it is in
+T = TypeVar("T")
 
 
 async def bounded(name: str, step: Callable[[], Awaitable[object]], seconds: float | None = None) -> bool:
@@ -67,3 +69,17 @@ async def pause(stopping: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def finish_even_if_cancelled(work: Coroutine[Any, Any, T]) -> tuple[T, bool]:
+    """Await `work` (a worker's claim or settlement) to the end however often we are cancelled
+    meanwhile (arq's close waits for this task, so the DB and Redis stay open); report whether a
+    cancellation arrived."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    return task.result(), cancelled

@@ -1,6 +1,6 @@
-"""With `dspy_compat.py` (what fleet takes from dspy's private names) and `dspy_stream.py` (the
-program on DSPy's token stream), the only module that imports dspy: LMs, the RLM program, and
-callbacks → Runtime Events.
+"""LMs, the RLM program, and callbacks → Runtime Events. With `dspy_compat.py` (what fleet takes
+from dspy's private names), `dspy_stream.py` (the program on DSPy's token stream) and
+`lm_meter.py` (each LM call's counters and span), the only modules that import dspy.
 
 It uses public DSPy API: `dspy.RLM`, `dspy.LM(engine=...)`, `BaseCallback`, the
 `CodeInterpreter` protocol and `interpreter_factory`. `tests/unit/worker/test_dspy_contract.py`

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Coroutine
 from concurrent.futures import Executor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from redis.asyncio import Redis
@@ -25,6 +24,7 @@ from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import Answer, ChildProgress, RunWarning, StatusChanged
 from fleet_shared.manifests import Manifest, ManifestCache, WorkspaceState
 from fleet_shared.run_state import RunCommand, RunStatus
+from fleet_shared.shutdown import finish_even_if_cancelled
 from fleet_shared.tenancy import DEFAULT_TENANT
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker import metrics
@@ -56,7 +56,6 @@ from fleet_worker.turn_trace import TurnTrace, current, phase
 from fleet_worker.workspace_io import stage_attachments, stage_skills
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 SETTLE_GRACE_SECONDS = 60.0  # the commit may retry this long past the Turn's deadline
 PUBLISH_TERMINAL_SECONDS = 30.0
 MANIFEST_CACHE_BYTES = 64 * 2**20  # manifests held at most, weighed as their encodings
@@ -96,6 +95,11 @@ class Claim:
     workspace: WorkspaceState | None = None  # its latest version, which the Run starts from
     traceparent: str | None = None  # the POST's span: the worker's join its trace
 
+    @property
+    def span_attributes(self) -> dict[str, Any]:
+        ids = {"run_id": self.run_id, "session_id": self.session_id, "attempt": self.attempt}
+        return {f"fleet.{key}": value for key, value in {**ids, "tenant": self.tenant}.items()}
+
 
 @dataclass
 class HeldTurn:
@@ -129,13 +133,8 @@ async def run_turn(ctx: dict[str, Any], run_id: str) -> str:
 
 async def run_claimed(deps: WorkerDeps, ctx: dict[str, Any], claim: Claim, *, cancelled: bool) -> str:
     """The claimed Turn, from its lease to its settlement; `cancelled`: the worker stopped meanwhile."""
-    trace = TurnTrace.begin(
-        claim.traceparent,
-        {"fleet.run_id": claim.run_id, "fleet.session_id": claim.session_id, "fleet.attempt": claim.attempt,
-         "fleet.tenant": claim.tenant},
-        capture_content=deps.settings.profile.observability.tracing.capture_content,
-        price=deps.prices.cost,
-    )  # fmt: skip
+    capture = deps.settings.profile.observability.tracing.capture_content
+    trace = TurnTrace.begin(claim.traceparent, claim.span_attributes, capture, deps.prices.cost)
     async with AsyncExitStack() as cleanup:
         cleanup.enter_context(current(trace))  # the Turn's log lines carry its trace id
         if trace is not None:  # ended below; this ends it if the Turn never got that far
@@ -161,20 +160,6 @@ async def run_claimed(deps: WorkerDeps, ctx: dict[str, Any], claim: Claim, *, ca
     if cancelled or cancelled_again:
         raise asyncio.CancelledError  # let arq see the cancellation, now that the Turn is settled
     return status
-
-
-async def finish_even_if_cancelled(work: Coroutine[Any, Any, T]) -> tuple[T, bool]:
-    """Await `work` (a claim, a settlement) to the end however often we are cancelled meanwhile
-    (arq's close waits for this task, so the DB and Redis stay open); report whether a
-    cancellation arrived."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
-    return task.result(), cancelled
 
 
 async def claim_run(deps: WorkerDeps, run_id: str) -> Claim | None:

@@ -61,7 +61,7 @@ class TurnTrace:
 
     @classmethod
     def begin(
-        cls, traceparent: str | None, attributes: dict[str, Any], *, capture_content: bool, price: Pricer
+        cls, traceparent: str | None, attributes: dict[str, Any], capture_content: bool, price: Pricer
     ) -> TurnTrace | None:
         """The Turn's `turn.run`, or None when tracing is off (then nothing here runs)."""
         if not tracing_on():
