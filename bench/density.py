@@ -5,8 +5,8 @@ One worker (`worker.concurrency` = the highest level, so its slots and program t
 queue a Turn) on the provider path, against the streaming fake provider (tests/support/
 fake_provider.py, loopback) at a time to first token of 400 ms and 60 tokens/s. Each Turn is a
 real one: a streamed root LM call, a cell in its sandbox, the answer, the commit. At each level
-N, N clients each post Turns back to back in a session of their own (each session's first Turn,
-which makes its workspace, runs before and is not measured). The levels run up, then down again,
+N, N clients each post Turns back to back in a session of their own (a first round, which makes
+the sessions' workspaces, runs before and is not measured). The levels run up, then down again,
 and each level's samples are pooled, so drift shows as spread rather than slope. The baseline is
 level 1 in the same run; the knee is the last level, going up, before the first whose p95 is more
 than 10% over it. A REPL serves one Run: the warm pool (`sandbox.local.pool_size`, default 4)
@@ -18,7 +18,6 @@ before that level, per Turn in flight.
 
 from __future__ import annotations
 
-import threading
 import time
 from statistics import mean
 from typing import Any
@@ -59,25 +58,12 @@ def at_rest_bytes(pid: int, seconds: float = 1.0) -> int:
 
 
 def clients_post(st: fleet_stack.Stack, sessions: list[str], turns_each: int) -> Results:
-    """One client per session, each posting `turns_each` Turns back to back."""
-    results: Results = []
-    lock = threading.Lock()
-
-    def client(session: str) -> None:
-        for _ in range(turns_each):
-            result = fleet_stack.post_turn(st.port, session)
-            with lock:
-                results.append(result)
-
-    threads = [threading.Thread(target=client, args=(session,)) for session in sessions]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    """`turns_each` Turns per session on average, one client per session, each posting back to
+    back; every Turn must finish."""
+    results = fleet_stack.run_turns(st, len(sessions) * turns_each, len(sessions), sessions=sessions)
     failed = [r for r in results if not r.finished]
-    if failed or len(results) != len(sessions) * turns_each:
-        detail = failed[0].raw[-400:] if failed else b"a client stopped early"
-        raise RuntimeError(f"{len(failed)} of {len(results)} Turns did not finish: {detail!r}")
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(results)} Turns did not finish: {failed[0].raw[-400:]!r}")
     return results
 
 
@@ -85,7 +71,7 @@ def level(st: fleet_stack.Stack, clients: int, turns_each: int) -> tuple[list[fl
     """Turn times (s) with `clients` sessions posting at once, and the worker tree's mean RSS
     meanwhile over its RSS at rest just before (bytes)."""
     sessions = [fleet_stack.new_session(st.url) for _ in range(clients)]
-    clients_post(st, sessions, 1)  # each session's first Turn: its workspace is made
+    clients_post(st, sessions, 1)  # a first round, not measured: the sessions' workspaces are made
     rest = at_rest_bytes(st.workers[0].pid)
     with TreeSampler(st.workers[0].pid) as sampler:
         results = clients_post(st, sessions, turns_each)
@@ -112,7 +98,7 @@ def run(
     receipt = Receipt(
         "density",
         {"levels": list(levels), "turns_per_client_per_pass": turns_each, "passes": "up, then down",
-         "measured": "Turns in running conversations (each session's first Turn runs before, unmeasured)",
+         "measured": "Turns in running conversations (a first round per level runs before, unmeasured)",
          "provider_ttft_s": TTFT_S, "provider_tokens_per_s": TOKENS_PER_S, "token": "4 characters",
          "reply_chars": len(REPLY), "lm_calls_per_turn": 1, "cells_per_turn": 1, "workers": 1,
          "worker_concurrency": top, "sandbox": "local (bubblewrap)",

@@ -585,9 +585,11 @@ def turns_per_second(results: list[StreamResult], start: float, end: float) -> f
     return done / (end - start)
 
 
-def run_turns(st: Stack, total: int, parallel: int, on_done: Any = None) -> list[StreamResult]:
-    """`total` Turns from `parallel` clients. `on_done(count)` is called after each Turn, from the
-    client threads."""
+def run_turns(
+    st: Stack, total: int, parallel: int, on_done: Any = None, sessions: list[str] | None = None
+) -> list[StreamResult]:
+    """`total` Turns from `parallel` clients (in `sessions`, one each, when given). `on_done(count)`
+    is called after each Turn, from the client threads."""
     import threading
 
     lock = threading.Lock()
@@ -600,23 +602,27 @@ def run_turns(st: Stack, total: int, parallel: int, on_done: Any = None) -> list
             claimed[0] += 1
             return True
 
-    return run_clients(st, parallel, more, on_done)
+    return run_clients(st, parallel, more, on_done, sessions)
 
 
 def run_clients(
-    st: Stack, parallel: int, more: Callable[[], bool], on_done: Any = None
+    st: Stack,
+    parallel: int,
+    more: Callable[[], bool],
+    on_done: Any = None,
+    sessions: list[str] | None = None,
 ) -> list[StreamResult]:
-    """`parallel` client threads, each with its own session (one Turn at a time in a session),
-    posting Turns back to back while `more()` says so."""
+    """`parallel` client threads, each with its own session (one Turn at a time in a session; a
+    new one, or the client's of `sessions`), posting Turns back to back while `more()` says so."""
     import threading
 
     results: list[StreamResult] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
 
-    def client() -> None:
+    def client(index: int) -> None:
         try:
-            session = new_session(st.url)
+            session = sessions[index] if sessions is not None else new_session(st.url)
             while more():
                 result = post_turn(st.port, session)
                 with lock:
@@ -627,7 +633,7 @@ def run_clients(
         except BaseException as exc:  # reported to the caller
             errors.append(exc)
 
-    threads = [threading.Thread(target=client) for _ in range(parallel)]
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(parallel)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -41,6 +41,20 @@ class Pods:
         return ran[0]
 
 
+def pod_env(redis_url: str, database_url: str, script: str, **extra: str) -> dict[str, str]:
+    """A pod's environment: the repository's config, offline profile, the shared Redis and
+    database, and a scripted LM from tests/e2e/scripts."""
+    return {
+        **os.environ,
+        "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
+        "FLEET_PROFILE": "offline",
+        "FLEET_REDIS_URL": redis_url,
+        "FLEET_DATABASE_URL": database_url,
+        "FLEET_SCRIPTED_LM": str(REPO / "tests" / "e2e" / "scripts" / script),
+        **extra,
+    }
+
+
 def spawn(folder: Path, env: dict[str, str], *argv: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         fleet(*argv),
@@ -56,15 +70,7 @@ def spawn(folder: Path, env: dict[str, str], *argv: str) -> subprocess.Popen[byt
 def pods(postgres_url: str) -> Iterator[Pods]:
     redis, store = RedisServer().start(), S3Server("fleet-pods").start()
     folders = {name: work_dir(f"pod-{name}") for name in ("gateway", "a", "b")}
-    env = {
-        **os.environ,
-        "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
-        "FLEET_PROFILE": "offline",
-        "FLEET_REDIS_URL": redis.url(db=0),
-        "FLEET_DATABASE_URL": postgres_url,
-        "FLEET_SCRIPTED_LM": str(REPO / "tests" / "e2e" / "scripts" / "pods.jsonl"),
-        **store.env(),
-    }
+    env = pod_env(redis.url(db=0), postgres_url, "pods.jsonl", **store.env())
     port = free_port()
     gateway = spawn(folders["gateway"], env, "gateway", "--port", str(port))
     workers = {name: spawn(folders[name], env, "worker", "--metrics-port", "0") for name in ("a", "b")}

@@ -8,7 +8,6 @@ tokens; and the feedback, attached to it. No span carries the user's text."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import REPO, stop, wait_ready, work_dir
+from tests.e2e.conftest import stop, wait_ready, work_dir
 from tests.e2e.sse import parse_frames
 from tests.e2e.test_metrics_ports import eventually
-from tests.e2e.test_pods_share_nothing import spawn
+from tests.e2e.test_pods_share_nothing import pod_env, spawn
 from tests.support.otlp import OtlpReceiver, ReceivedSpan
 from tests.support.servers import RedisServer, free_port
 
@@ -41,16 +40,13 @@ class Traced:
 def traced(postgres_url: str) -> Iterator[Traced]:
     redis, receiver = RedisServer().start(), OtlpReceiver().start()
     folders = {name: work_dir(f"traced-{name}") for name in ("gateway", "worker")}
-    env = {
-        **os.environ,
-        "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"),
-        "FLEET_PROFILE": "offline",
-        "FLEET_REDIS_URL": redis.url(db=0),
-        "FLEET_DATABASE_URL": postgres_url,
-        "FLEET_SCRIPTED_LM": str(REPO / "tests" / "e2e" / "scripts" / "traced.jsonl"),
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-        "OTEL_BSP_SCHEDULE_DELAY": "50",  # ms: the test waits on spans, not on the batch timer
-    }
+    env = pod_env(
+        redis.url(db=0),
+        postgres_url,
+        "traced.jsonl",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        OTEL_BSP_SCHEDULE_DELAY="50",  # ms: the test waits on spans, not on the batch timer
+    )
     port = free_port()
     processes = [
         spawn(folders["gateway"], env, "gateway", "--port", str(port)),

@@ -153,7 +153,10 @@ def failed(span: Span, code: str) -> None:
 
 
 def add_trace_ids(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """structlog: the current span's `trace_id` and `span_id`, in the W3C hex form."""
+    """structlog: the current span's `trace_id` and `span_id`, in the W3C hex form (with tracing
+    off, no span is ever current: nothing is looked up)."""
+    if state["provider"] is None:
+        return event
     context = trace.get_current_span().get_span_context()
     if context.is_valid:
         event.setdefault("trace_id", format(context.trace_id, "032x"))
