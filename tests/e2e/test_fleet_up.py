@@ -46,9 +46,9 @@ def newcomer_env(**extra: str) -> dict[str, str]:
     return {**env, "FLEET_CONFIG": str(REPO / "config" / "fleet.toml"), **extra}
 
 
-def spawn_up(cwd: Path, env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+def spawn_up(cwd: Path, env: dict[str, str], port: int, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "fleet_cli", "up", "--port", str(port)],
+        [sys.executable, "-m", "fleet_cli", "up", *args, "--port", str(port)],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,

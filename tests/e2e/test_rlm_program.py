@@ -6,8 +6,6 @@ reachable here)."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 
 from tests.e2e.conftest import REPO, Stack, ai_sdk_parse, start_stack, stop_stack, work_dir
 from tests.e2e.sse import TurnStream, parse_frames, post_turn
-from tests.e2e.test_fleet_up import newcomer_env, wait_for_banner
+from tests.e2e.test_fleet_up import newcomer_env, spawn_up, wait_for_banner
 from tests.support.api import new_session
 from tests.support.fake_provider import serve_fake_provider
 from tests.support.servers import free_port
@@ -129,14 +127,7 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
             FLEET_LM_BASE_URL=provider.url,
         )
         port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet_cli", "up", "--profile", "local", "--port", str(port)],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = spawn_up(tmp_path, env, port, "--profile", "local")
         try:
             banner = wait_for_banner(proc, timeout=60)
             assert "  profile local" in banner
@@ -180,3 +171,60 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
     assert all(h["authorization"] == "Bearer sk-loopback-key" for h in provider.headers)
     assert stream.of_type("start")[0]["messageMetadata"]["model"] == PRICED_MODEL
     assert "sk-loopback-key" not in output
+
+
+EXTRACTED = "Each of the four words was counted once, so the request has 4 words in all, as printed."
+
+
+def test_an_answer_the_lm_writes_itself_streams_as_text_deltas(tmp_path: Path, node_check: Path) -> None:
+    """`fleet up --profile local` with rlm.max_iters = 1 and a streaming provider: the one action
+    does not SUBMIT, so DSPy's extract fallback has the LM write the answer, which reaches the
+    client as text-delta chunks while that call is in flight. A resume from the middle of them
+    gets exactly the rest; the history keeps the answer as one whole part."""
+    config = (REPO / "config" / "fleet.toml").read_text()
+    local_rlm = "[profiles.local.rlm]\nmax_iters = 20\n"
+    assert local_rlm in config
+    (tmp_path / "fleet.toml").write_text(config.replace(local_rlm, "[profiles.local.rlm]\nmax_iters = 1\n"))
+    with serve_fake_provider() as provider:
+        provider.ttft_s, provider.tokens_per_s = 0.2, 100
+        provider.replies += [
+            action("Count them.", "print(len(request.split()))"),
+            f"[[ ## answer ## ]]\n{EXTRACTED}\n\n[[ ## completed ## ]]",
+        ]
+        env = newcomer_env(
+            FLEET_CONFIG=str(tmp_path / "fleet.toml"),
+            FLEET_LM_MODEL="openai/loopback-model",
+            FLEET_LM_API_KEY="sk-loopback-key",
+            FLEET_LM_BASE_URL=provider.url,
+        )
+        port = free_port()
+        proc = spawn_up(tmp_path, env, port, "--profile", "local")
+        try:
+            wait_for_banner(proc, timeout=60)
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                session_id = new_session(client)
+                stream = post_turn(client, session_id, "how many words here", "k-1")
+                history = client.get(f"/api/sessions/{session_id}/turns").json()["items"][-1]
+                deltas = [i for i, c in enumerate(stream.chunks) if c["type"] == "text-delta"]
+                middle = stream.frames[deltas[1]][0]
+                with client.stream(
+                    "GET",
+                    f"/api/runs/{stream.headers['x-fleet-run-id']}/stream",
+                    headers={"Last-Event-ID": middle},
+                ) as response:
+                    resumed = parse_frames(response.read())
+        finally:
+            proc.send_signal(signal.SIGINT)
+            output = proc.communicate(timeout=40)[0].decode()
+    assert stream.status == 200 and stream.types[-1] == "finish", output[-3000:]
+    text = [c for c in stream.chunks if c["type"].startswith("text-")]
+    assert [c["type"] for c in text[:1] + text[-1:]] == ["text-start", "text-end"]
+    assert {c["id"] for c in text} == {"text-answer"}  # one part, not restated
+    assert len(deltas) >= 3 and answer_of(stream).strip() == EXTRACTED
+    warning = stream.of_type("data-warning")[0]["data"]
+    assert warning["code"] == "max_iters"
+    assert [p["text"] for p in history["parts"] if p["type"] == "text"] == [EXTRACTED]
+    after = stream.frames[[f[0] for f in stream.frames].index(middle) + 1 :]
+    assert content(resumed) == content(after) and any('"text-delta"' in f[1] for f in content(after))
+    for alias in ("ai6", "ai7"):
+        ai_sdk_parse(node_check, alias, stream.raw)

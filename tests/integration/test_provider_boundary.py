@@ -132,7 +132,37 @@ def test_a_rate_limit_is_retried_and_a_401_is_not(provider: FakeProvider, redis_
     assert len(provider.requests) == 1  # an auth error is final
 
 
-def run_on_provider(settings: Any, provider: FakeProvider, emit: Any) -> Any:
+def test_an_answer_the_lm_writes_itself_streams_while_its_call_is_in_flight(
+    provider: FakeProvider, redis_url: str
+) -> None:
+    """No SUBMIT within rlm.max_iters: DSPy's extract fallback has the LM write the answer, which
+    is emitted in AnswerDelta events well before the call's last token; the Turn's answer is the
+    parsed text, and the deltas carried its start."""
+    from fleet_shared.events import AnswerDelta
+
+    answer = "The request says hi, so the answer is a friendly greeting back to the user."
+    provider.ttft_s, provider.tokens_per_s = 0.3, 20
+    provider.replies += [
+        "[[ ## reasoning ## ]]\nLook first.\n\n[[ ## code ## ]]\nprint(1)\n\n[[ ## completed ## ]]",
+        f"[[ ## answer ## ]]\n{answer}\n\n[[ ## completed ## ]]",
+    ]
+    emitted: list[tuple[float, Any]] = []
+    result = run_on_provider(
+        local_profile(provider, redis_url),
+        provider,
+        lambda e: emitted.append((time.monotonic(), e)),
+        max_iters=1,
+    )
+    assert result.answer == answer and len(provider.requests) == 2
+    call_ended = provider.chunk_times[-1]  # the extract call's last chunk
+    deltas = [(at, e) for at, e in emitted if isinstance(e, AnswerDelta)]
+    assert len(deltas) >= 3 and {e.part_id for _, e in deltas} == {"text-answer"}
+    assert deltas[0][0] < call_ended - 1.0  # the first delta came a second before the call ended
+    streamed = "".join(e.delta for _, e in deltas)
+    assert streamed == result.streamed_answer and answer.startswith(streamed.strip())
+
+
+def run_on_provider(settings: Any, provider: FakeProvider, emit: Any, max_iters: int = 4) -> Any:
     """One program on the provider path, in a real bwrap sandbox."""
     import shutil
     import tempfile
@@ -150,7 +180,7 @@ def run_on_provider(settings: Any, provider: FakeProvider, emit: Any) -> Any:
             history=[],
             root_lm=dspy_adapter.build_lm(settings.root_lm, "root", None, stop),
             sub_lm=dspy_adapter.build_lm(settings.sub_lm, "sub", None, stop),
-            limits=dspy_adapter.ProgramLimits(max_iters=4, max_llm_calls=4, max_output_chars=1000),
+            limits=dspy_adapter.ProgramLimits(max_iters=max_iters, max_llm_calls=4, max_output_chars=1000),
             observer=dspy_adapter.TurnObserver(
                 emit=emit, run_id="run-provider", stop=stop, max_output_chars=1000
             ),

@@ -87,9 +87,17 @@ function applyStart(view: TurnView, messageId: string | undefined, metadata: unk
   return { ...view, ...(runId ? { runId } : {}), ...(model ? { model } : {}), ...(delivery ? { delivery } : {}) };
 }
 
+const RESTATED = "-restated";
+
 function upsertStreamed(view: TurnView, kind: "text" | "reasoning", id: string, delta: string, end: boolean): TurnView {
   const index = view.parts.findIndex((p) => p.kind === kind && p.id === id);
-  if (index < 0) return { ...view, parts: [...view.parts, { kind, id, text: delta, done: end }] };
+  if (index < 0) {
+    // `<id>-restated` is the parsed text of a part whose stream showed other text: it takes that part's place.
+    const base = id.endsWith(RESTATED) ? id.slice(0, -RESTATED.length) : undefined;
+    const shown = view.parts.findIndex((p) => p.kind === kind && p.id === base);
+    const part = { kind, id, text: delta, done: end };
+    return shown < 0 ? { ...view, parts: [...view.parts, part] } : replaceAt(view, shown, part);
+  }
   const part = view.parts[index] as Extract<Part, { kind: "text" | "reasoning" }>;
   return replaceAt(view, index, { ...part, text: part.text + delta, done: part.done || end });
 }

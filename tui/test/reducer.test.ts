@@ -159,6 +159,26 @@ describe("stream reducer on synthetic chunks", () => {
     assert.equal(old.lastEventId, "5.2");
   });
 
+  test("a restated answer or reasoning takes the place of what its stream showed", async () => {
+    // A part streamed as `shown`, ended, then restated whole as `parsed` (frames from `seq`).
+    const restated = (kind: string, id: string, seq: number, shown: string, parsed: string) =>
+      [
+        { type: `${kind}-start`, id },
+        { type: `${kind}-delta`, id, delta: shown },
+        { type: `${kind}-end`, id },
+        { type: `${kind}-start`, id: `${id}-restated` },
+        { type: `${kind}-delta`, id: `${id}-restated`, delta: parsed },
+        { type: `${kind}-end`, id: `${id}-restated` },
+      ].map((data, k) => ({ id: `${seq}.${k}`, data }));
+    const frames = await framesOf(
+      sseOf([start, ...restated("reasoning", "reasoning-1", 2, "garbled", "Think again."), ...restated("text", "text-answer", 3, "A first try", "The answer.")]),
+    );
+    const view = reduceFrames(emptyTurn("q"), frames);
+    assert.equal(answerOf(view), "The answer.");
+    const texts = view.parts.flatMap((p) => (p.kind === "text" || p.kind === "reasoning" ? [`${p.kind}:${p.text}`] : []));
+    assert.deepEqual(texts, ["reasoning:Think again.", "text:The answer."]);
+  });
+
   test("nothing is applied after a terminal chunk", async () => {
     const frames = await framesOf(sseOf([start, { id: "1.0", data: { type: "abort", reason: "Turn cancelled" } }, { id: "2.0", data: { type: "text-start", id: "t" } }]));
     const view = reduceFrames(emptyTurn("x"), frames);

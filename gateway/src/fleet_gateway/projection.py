@@ -7,6 +7,7 @@ from typing import Any, Literal, assert_never
 
 from fleet_shared.events import (
     Answer,
+    AnswerDelta,
     ArtifactCreated,
     AttachmentStaged,
     CellOutput,
@@ -27,6 +28,7 @@ from fleet_shared.events import (
     SkillUsed,
     StatusChanged,
     Usage,
+    WholeText,
 )
 from fleet_shared.transcript import UNFINISHED_TOOL_TEXT, data_part, failed_cell_text, lm_query_input
 
@@ -48,6 +50,7 @@ class StreamState:
     finished: bool = False
     open_tools: set[str] = field(default_factory=set)
     open_reasoning: set[str] = field(default_factory=set)  # streamed reasoning parts not yet ended
+    open_text: set[str] = field(default_factory=set)  # streamed text parts (the answer) not yet ended
 
 
 def start_chunk(state: StreamState, *, created_at: str, delivery: Delivery, model: str) -> Chunk:
@@ -89,20 +92,9 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
         case IterationFinished():
             return close_step(state)
         case ReasoningDelta(part_id=part_id, delta=delta):
-            opening = [] if part_id in state.open_reasoning else [{"type": "reasoning-start", "id": part_id}]
-            state.open_reasoning.add(part_id)
-            return [*opening, {"type": "reasoning-delta", "id": part_id, "delta": delta}]
-        case Reasoning(part_id=part_id, text=text, streamed=True, restated=True) if (
-            part_id in state.open_reasoning
-        ):
-            state.open_reasoning.discard(part_id)
-            return [{"type": "reasoning-end", "id": part_id}, *whole_reasoning(f"{part_id}-restated", text)]
-        case Reasoning(part_id=part_id, streamed=True, tail=tail) if part_id in state.open_reasoning:
-            state.open_reasoning.discard(part_id)
-            rest = [{"type": "reasoning-delta", "id": part_id, "delta": tail}] if tail else []
-            return [*rest, {"type": "reasoning-end", "id": part_id}]
-        case Reasoning(part_id=part_id, text=text):
-            return whole_reasoning(part_id, text)
+            return delta_chunks("reasoning", state.open_reasoning, part_id, delta)
+        case Reasoning():
+            return whole_chunks("reasoning", state.open_reasoning, event)
         case CodeCell(call_id=call_id, code=code):
             return [tool_input(state, call_id, "python", {"code": code})]
         case CellOutput(call_id=call_id, stdout=stdout, truncated=truncated, error=str() as error):
@@ -119,17 +111,15 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             return [tool_output(state, call_id, {"text": text or ""})]
         case Usage() | RunWarning() | AttachmentStaged() | ArtifactCreated() | SkillUsed() | ChildProgress():
             return [data_part(event)]
-        case Answer(part_id=part_id, text=text):
-            return [
-                {"type": "text-start", "id": part_id},
-                {"type": "text-delta", "id": part_id, "delta": text},
-                {"type": "text-end", "id": part_id},
-            ]
+        case AnswerDelta(part_id=part_id, delta=delta):
+            return delta_chunks("text", state.open_text, part_id, delta)
+        case Answer():
+            return whole_chunks("text", state.open_text, event)
         case RunCompleted(duration_ms=duration_ms, checkpoint_version=checkpoint_version):
             state.finished = True
             return [
                 *close_tools(state, UNFINISHED_TOOL_TEXT),
-                *close_reasoning(state),
+                *close_streamed(state),
                 *close_step(state),
                 {
                     "type": "finish",
@@ -146,7 +136,7 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
         case RunFailed(code=code, message=message):
             state.finished = True
             return [
-                *close_reasoning(state),  # a step's LM call that failed mid-stream
+                *close_streamed(state),  # an LM call that failed mid-stream
                 {"type": "error", "errorText": f"{code}: {message}"},
                 {"type": "finish", "finishReason": "error"},
             ]
@@ -195,11 +185,32 @@ def close_tools(state: StreamState, reason: str) -> list[Chunk]:
     return [tool_error(state, call_id, reason) for call_id in sorted(state.open_tools)]
 
 
-def whole_reasoning(part_id: str, text: str) -> list[Chunk]:
+def delta_chunks(kind: str, open_parts: set[str], part_id: str, delta: str) -> list[Chunk]:
+    """A streamed part's delta; its first opens the part."""
+    opening = [] if part_id in open_parts else [{"type": f"{kind}-start", "id": part_id}]
+    open_parts.add(part_id)
+    return [*opening, {"type": f"{kind}-delta", "id": part_id, "delta": delta}]
+
+
+def whole_chunks(kind: str, open_parts: set[str], whole: WholeText) -> list[Chunk]:
+    """A part's whole text: it closes the part its deltas opened (with their tail, or ended as
+    it was and restated), or, with no part open on this stream, comes as a part of its own."""
+    part_id, text = whole.part_id, whole.text
+    if not whole.streamed or part_id not in open_parts:
+        return whole_part(kind, part_id, text)
+    open_parts.discard(part_id)
+    end = {"type": f"{kind}-end", "id": part_id}
+    if whole.restated:
+        return [end, *whole_part(kind, f"{part_id}-restated", text)]
+    rest = [{"type": f"{kind}-delta", "id": part_id, "delta": whole.tail}] if whole.tail else []
+    return [*rest, end]
+
+
+def whole_part(kind: str, part_id: str, text: str) -> list[Chunk]:
     return [
-        {"type": "reasoning-start", "id": part_id},
-        {"type": "reasoning-delta", "id": part_id, "delta": text},
-        {"type": "reasoning-end", "id": part_id},
+        {"type": f"{kind}-start", "id": part_id},
+        {"type": f"{kind}-delta", "id": part_id, "delta": text},
+        {"type": f"{kind}-end", "id": part_id},
     ]
 
 
@@ -208,6 +219,13 @@ def close_reasoning(state: StreamState) -> list[Chunk]:
     ended = [{"type": "reasoning-end", "id": part_id} for part_id in sorted(state.open_reasoning)]
     state.open_reasoning.clear()
     return ended
+
+
+def close_streamed(state: StreamState) -> list[Chunk]:
+    """End every streamed part whose whole text never came: the Run ended first."""
+    ended = [{"type": "text-end", "id": part_id} for part_id in sorted(state.open_text)]
+    state.open_text.clear()
+    return [*close_reasoning(state), *ended]
 
 
 def close_step(state: StreamState) -> list[Chunk]:

@@ -290,11 +290,19 @@ class Snapshot(NamedTuple):
     finished: bool
     idempotent_replay: bool
     open_reasoning: frozenset[str]
+    open_text: frozenset[str]
 
 
 def snapshot(state: StreamState) -> Snapshot:
-    tools, reasoning = frozenset(state.open_tools), frozenset(state.open_reasoning)
-    return Snapshot(state.phase, state.step_open, tools, state.finished, state.idempotent_replay, reasoning)
+    return Snapshot(
+        state.phase,
+        state.step_open,
+        frozenset(state.open_tools),
+        state.finished,
+        state.idempotent_replay,
+        frozenset(state.open_reasoning),
+        frozenset(state.open_text),
+    )
 
 
 def emit_live(event: RunEvent, state: StreamState, cursor: Cursor) -> bytes:
@@ -311,6 +319,8 @@ def emit_live(event: RunEvent, state: StreamState, cursor: Cursor) -> bytes:
                 state.open_tools = set(after.open_tools)
             if state.open_reasoning != after.open_reasoning:
                 state.open_reasoning = set(after.open_reasoning)
+            if state.open_text != after.open_text:
+                state.open_text = set(after.open_text)
         state.projected_seq = max(state.projected_seq, event.seq)
         if shared.position is not None:
             cursor.position, cursor.controls = shared.position, 0

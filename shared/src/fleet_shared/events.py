@@ -29,17 +29,21 @@ class IterationFinished(Event, tag="iteration.finished"):
     iteration: int
 
 
-class Reasoning(Event, tag="reasoning"):
-    """A step's reasoning, whole. `streamed`: its ReasoningDelta events already carried the text
-    to the stream but for `tail`, which this event adds before it closes the part; `restated`:
-    what they carried is not the start of `text`, which follows as a part of its own. The
-    committed Turn keeps `text`."""
+class WholeText(Event):
+    """A text part, whole. `streamed`: its delta events already carried the text to the stream
+    but for `tail`, which this event adds before it closes the part; `restated`: what they
+    carried is not the start of `text`, which follows as a part of its own. The committed Turn
+    keeps `text`."""
 
     part_id: str
     text: str
     streamed: bool = False
     tail: str = ""
     restated: bool = False
+
+
+class Reasoning(WholeText, tag="reasoning"):
+    """A step's reasoning (its deltas: ReasoningDelta)."""
 
 
 class ReasoningDelta(Event, tag="reasoning.delta"):
@@ -141,9 +145,16 @@ class ChildProgress(Event, tag="child.progress"):
     elapsed_ms: int | None = None
 
 
-class Answer(Event, tag="answer"):
+class AnswerDelta(Event, tag="answer.delta"):
+    """Answer text while the LM writing it is still in flight (DSPy's extract fallback, the one
+    place an RLM's LM writes its answer itself), batched as ReasoningDelta."""
+
     part_id: str
-    text: str
+    delta: str
+
+
+class Answer(WholeText, tag="answer"):
+    """The Turn's answer, within rlm.max_answer_chars (its deltas, if any: AnswerDelta)."""
 
 
 class RunCompleted(Event, tag="run.completed"):
@@ -176,6 +187,7 @@ RunEvent = (
     | ArtifactCreated
     | SkillUsed
     | ChildProgress
+    | AnswerDelta
     | Answer
     | RunCompleted
     | RunFailed

@@ -6,6 +6,7 @@ from typing import Any, assert_never
 
 from fleet_shared.events import (
     Answer,
+    AnswerDelta,
     ArtifactCreated,
     AttachmentStaged,
     CellOutput,
@@ -127,6 +128,7 @@ def fold_parts(events: list[RunEvent]) -> list[Part]:
             case (
                 StatusChanged()
                 | ReasoningDelta()  # its step's Reasoning event holds the whole text
+                | AnswerDelta()  # the Answer event holds the whole text
                 | IterationFinished()
                 | RunCompleted()
                 | RunFailed()

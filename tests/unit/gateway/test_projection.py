@@ -18,6 +18,7 @@ from fleet_gateway.projection import (
 )
 from fleet_shared.events import (
     Answer,
+    AnswerDelta,
     CellOutput,
     CodeCell,
     IterationFinished,
@@ -375,6 +376,76 @@ def test_a_streamed_reasoning_whose_text_never_came_is_ended(ending: str) -> Non
     types = [c["type"] for c in run_stream(events, state)]
     assert types[types.index("reasoning-delta") + 1 :][:2] == ["reasoning-end", "finish-step"]
     assert state.open_reasoning == set()
+
+
+def answer_chunks(chunks: list[Chunk]) -> list[tuple[str, str | None, str | None]]:
+    return [(c["type"], c.get("id"), c.get("delta")) for c in chunks if c["type"].startswith("text-")]
+
+
+def test_a_streamed_answer_opens_on_its_first_delta_and_closes_with_its_tail() -> None:
+    """DSPy's extract fallback streams the answer; the settled Answer adds what the deltas did not
+    carry and ends the part: one text part, whose deltas add up to the answer."""
+    events: list[RunEvent] = [
+        RunWarning(run_id=R, code="max_iters", message="extracted"),
+        AnswerDelta(run_id=R, part_id="text-answer", delta="\nForty"),
+        AnswerDelta(run_id=R, part_id="text-answer", delta="-two"),
+        Answer(run_id=R, part_id="text-answer", text="Forty-two.", streamed=True, tail="."),
+        RunCompleted(run_id=R, duration_ms=1),
+    ]
+    chunks = run_stream(events)
+    assert answer_chunks(chunks) == [
+        ("text-start", "text-answer", None),
+        ("text-delta", "text-answer", "\nForty"),
+        ("text-delta", "text-answer", "-two"),
+        ("text-delta", "text-answer", "."),
+        ("text-end", "text-answer", None),
+    ]
+    assert_stream_contract(chunks)
+
+
+def test_a_streamed_answer_the_stream_showed_otherwise_is_restated_as_a_part_of_its_own() -> None:
+    events: list[RunEvent] = [
+        AnswerDelta(run_id=R, part_id="text-answer", delta="A garbled try"),
+        Answer(run_id=R, part_id="text-answer", text="The answer.", streamed=True, restated=True),
+        RunCompleted(run_id=R, duration_ms=1),
+    ]
+    chunks = run_stream(events)
+    assert answer_chunks(chunks) == [
+        ("text-start", "text-answer", None),
+        ("text-delta", "text-answer", "A garbled try"),
+        ("text-end", "text-answer", None),
+        ("text-start", "text-answer-restated", None),
+        ("text-delta", "text-answer-restated", "The answer."),
+        ("text-end", "text-answer-restated", None),
+    ]
+    assert_stream_contract(chunks)
+
+
+def test_a_streamed_answer_read_from_after_its_deltas_comes_whole() -> None:
+    """A stream resumed past the deltas never opened the part: the Answer is the whole text."""
+    state = StreamState(R, SESSION)
+    chunks = project(Answer(run_id=R, part_id="text-answer", text="Whole.", streamed=True, tail="le."), state)
+    assert answer_chunks(chunks) == [
+        ("text-start", "text-answer", None),
+        ("text-delta", "text-answer", "Whole."),
+        ("text-end", "text-answer", None),
+    ]
+
+
+@pytest.mark.parametrize("ending", ["completed", "failed"])
+def test_a_streamed_answer_whose_text_never_came_is_ended(ending: str) -> None:
+    """The Run ended before its Answer (settling failed): its end still ends the part."""
+    terminal: RunEvent = (
+        RunCompleted(run_id=R, duration_ms=1)
+        if ending == "completed"
+        else RunFailed(run_id=R, code="x", message="y")
+    )
+    state = StreamState(R, SESSION)
+    chunks = run_stream([AnswerDelta(run_id=R, part_id="text-answer", delta="Half"), terminal], state)
+    types = [c["type"] for c in chunks]
+    assert types[types.index("text-delta") + 1] == "text-end"
+    assert state.open_text == set()
+    assert_stream_contract(chunks)
 
 
 def test_completed_without_open_step_has_no_finish_step() -> None:

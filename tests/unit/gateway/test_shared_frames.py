@@ -99,3 +99,25 @@ def test_streamed_reasoning_is_part_of_the_state_two_streams_share() -> None:
     for data in sent.values():
         assert data.count(b'"reasoning-start"') == 1 and data.count(b'"reasoning-end"') == 1
     assert a_state.open_reasoning == b_state.open_reasoning == set()
+
+
+def test_a_streamed_answer_is_part_of_the_state_two_streams_share() -> None:
+    from fleet_shared.events import Answer, AnswerDelta
+
+    run = [
+        AnswerDelta(run_id=RUN, seq=1, part_id="text-answer", delta="fo"),
+        AnswerDelta(run_id=RUN, seq=2, part_id="text-answer", delta="r"),
+        AnswerDelta(run_id=RUN, seq=3, part_id="text-answer", delta="ty"),
+        Answer(run_id=RUN, seq=4, part_id="text-answer", text="forty-two", streamed=True, tail="-two"),
+        RunCompleted(run_id=RUN, seq=5, duration_ms=5),
+    ]
+    (a_state, a_cursor), (b_state, b_cursor) = stream(), stream()
+    sent: dict[str, bytes] = {"a": b"", "b": b""}
+    for n, event in enumerate(run):
+        order = [("a", a_state, a_cursor), ("b", b_state, b_cursor)]
+        for name, state, cursor in order if n % 2 else reversed(order):
+            sent[name] += emit_live(event, state, cursor)
+    for data in sent.values():
+        assert data.count(b'"text-start"') == 1 and data.count(b'"text-end"') == 1
+        assert data.count(b'"-two"') == 1
+    assert a_state.open_text == b_state.open_text == set()

@@ -27,7 +27,7 @@ from fleet_worker.dspy_stream import run_streamed, step_began, step_ended
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, asks_for_the_answer, completion_text, count_tokens
 from fleet_worker.lm_meter import LMCallMeter, MeteredUsage
-from fleet_worker.observer import TurnObserver, fit_output
+from fleet_worker.observer import ANSWER_PART, TurnObserver, fit_output
 from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.provider import Repl
 from fleet_worker.sandbox.workspace import HOST_PATHS
@@ -148,6 +148,7 @@ class DspyCallbacks(BaseCallback):
         self.program = program
         self.lm = lm
         self.program_call: str | None = None
+        self.extract_call: str | None = None
 
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         if instance is self.program:
@@ -159,12 +160,16 @@ class DspyCallbacks(BaseCallback):
         self.observer.check_stop()
         if instance is self.program.extract:  # every iteration used, no SUBMIT: DSPy extracts
             self.observer.max_iters_reached(self.program.max_iters)
+            self.extract_call = call_id
+            step_began(ANSWER_PART)
 
     def on_module_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
         if exception is not None and call_id == self.program_call:
             self.observer.program_failure = (exception, exception.__cause__)
         if call_id in self.observer.action_calls:
             step_ended(self.observer.reasoning_part)
+        elif call_id == self.extract_call:
+            step_ended(ANSWER_PART)
         self.observer.action_finished(call_id, outputs)
 
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
@@ -265,6 +270,7 @@ class ProgramResult:
     answer: str
     iterations: int
     lm_usage: dict[str, dict[str, int]]
+    streamed_answer: str | None = None  # what AnswerDelta events carried of it, if any
 
 
 def new_rlm(
@@ -329,6 +335,7 @@ def run_program(
         answer=str(prediction.answer),
         iterations=observer.iteration,
         lm_usage=observer.usage_snapshot(),
+        streamed_answer=observer.streamed_answer,
     )
 
 

@@ -1,6 +1,7 @@
 """A Turn's program on DSPy's token stream (`dspy.streamify`, public API; ADR 0038): the root
-action's reasoning reaches the observer as its tokens arrive, and each step's begin and end ride
-the same stream as marks, so the reader attributes every chunk to its own step."""
+action's reasoning, and the answer DSPy's extract fallback writes, reach the observer as their
+tokens arrive; each part's begin and end ride the same stream as marks, so the reader attributes
+every chunk to its own part."""
 
 from __future__ import annotations
 
@@ -32,13 +33,13 @@ STEP_END_WAIT_SECONDS = 1.0  # a stream reader that lags more: the step's last c
 
 
 def step_began(part_id: str) -> None:
-    """On the program's thread, as a root action starts: its chunks follow this mark."""
+    """On the program's thread, as a root action (or the extract) starts: its chunks follow."""
     mark_stream(StepStream(part_id))
 
 
 def step_ended(part_id: str) -> None:
-    """On the program's thread, as a root action ends: once the reader has come to this mark, it
-    has read all of the step's chunks (waited for at most STEP_END_WAIT_SECONDS)."""
+    """On the program's thread, as a root action (or the extract) ends: once the reader has come
+    to this mark, it has read all of the part's chunks (waited for at most STEP_END_WAIT_SECONDS)."""
     end = StepStream(part_id, threading.Event())
     if mark_stream(end) and end.read is not None:
         end.read.wait(STEP_END_WAIT_SECONDS)
@@ -59,12 +60,16 @@ def mark_stream(mark: StepStream) -> bool:
 
 
 def run_streamed(program: dspy.RLM, observer: TurnObserver, **inputs: Any) -> dspy.Prediction:
-    """The program on DSPy's token stream (dspy.streamify): each root action's reasoning reaches
-    the observer as its tokens arrive. DSPy runs the program on a thread of its own and hands the
-    stream to this one; whatever the program raises is raised here."""
+    """The program on DSPy's token stream (dspy.streamify): each root action's reasoning, and an
+    extracted answer, reach the observer as their tokens arrive. DSPy runs the program on a
+    thread of its own and hands the stream to this one; whatever the program raises is raised
+    here."""
     observer.unstreamed = unstreamed
-    listener = dspy.streaming.StreamListener("reasoning", predict=program.generate_action, allow_reuse=True)
-    streamed = dspy.streamify(OnStreamedAdapter(program), stream_listeners=[listener], async_streaming=False)
+    listeners = [
+        dspy.streaming.StreamListener("reasoning", predict=program.generate_action, allow_reuse=True),
+        dspy.streaming.StreamListener("answer", predict=program.extract),  # max_iters reached
+    ]
+    streamed = dspy.streamify(OnStreamedAdapter(program), stream_listeners=listeners, async_streaming=False)
     prediction: dspy.Prediction | None = None
     # DSPy's threads for streamed programs are counted by one process-wide limiter: never the
     # bound on a worker's Turns, which its own program pool is.
@@ -72,7 +77,7 @@ def run_streamed(program: dspy.RLM, observer: TurnObserver, **inputs: Any) -> ds
         with dspy.context(async_max_workers=STREAMED_PROGRAMS):
             for item in streamed(**inputs):
                 if isinstance(item, dspy.streaming.StreamResponse):
-                    observer.reasoning_delta(item.chunk)
+                    observer.stream_delta(item.chunk)
                 elif isinstance(item, StepStream) and item.read is None:
                     observer.stream_began(item.part_id)
                 elif isinstance(item, StepStream) and item.read is not None:

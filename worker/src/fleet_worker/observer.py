@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet_shared.events import (
+    AnswerDelta,
     CellOutput,
     CodeCell,
     IterationFinished,
@@ -32,27 +33,42 @@ from fleet_worker.tenant_tokens import TenantTokens
 
 PROMPT_PREVIEW_CHARS = 4000
 UNLIMITED = 1_000_000
-# A reasoning delta event carries what arrived since the last one: at most DELTA_CHUNKS stream
-# chunks, and (while chunks keep coming) at most DELTA_SECONDS of them. A step's first chunk goes
-# at once: the first visible token waits for nothing.
+# A delta event carries what arrived since the last one: at most DELTA_CHUNKS stream chunks, and
+# (while chunks keep coming) at most DELTA_SECONDS of them. A part's first chunk goes at once: the
+# first visible token waits for nothing.
 DELTA_SECONDS = 0.05
 DELTA_CHUNKS = 64
+ANSWER_PART = "text-answer"  # the Turn's one answer part, streamed or not
 
 
 def raise_it(exc: Exception) -> str:
     raise exc
 
 
+def closing(text: str, sent: str | None) -> dict[str, Any]:
+    """How a part's whole text closes what its deltas `sent` (WholeText's fields): the rest as
+    its tail, or, when the stream showed other text (a retried call, a cut), restated."""
+    if sent is None:
+        return {}
+    if text.startswith(head := sent.lstrip()):  # parsed from the field's first non-space
+        return {"streamed": True, "tail": text[len(head) :]}
+    return {"streamed": True, "restated": True}
+
+
 @dataclass
-class StreamedReasoning:
-    """The reasoning deltas of a Turn's steps, batched (DELTA_SECONDS, DELTA_CHUNKS). The stream's
-    reader adds chunks to the open part; a step's begin and end come through the same stream, in
-    order with its chunks, so a chunk is never taken for another step's, and none is sent after
-    its step's end (what the stream still held then arrives with the whole text)."""
+class StreamedParts:
+    """The deltas of a Turn's streamed parts (each step's reasoning, the extracted answer), batched
+    (DELTA_SECONDS, DELTA_CHUNKS). The stream's reader adds chunks to the open part; a part's
+    begin and end come through the same stream, in order with its chunks, so a chunk is never
+    taken for another part's, and none is sent after its part's end (what the stream still held
+    then arrives with the whole text)."""
 
     # Delta events a Turn may send (they count against rlm.max_events like every event); past
-    # them a step's text comes whole with its end.
+    # them a part's text comes whole with its end.
     budget: int = 1_000
+    # The characters a part's deltas may carry (the answer: rlm.max_answer_chars, so what was
+    # shown is always the start of the answer kept).
+    max_chars: dict[str, int] = field(default_factory=dict)
     part_id: str | None = None  # the part whose chunks are arriving
     pending: list[str] = field(default_factory=list)
     sent: dict[str, str] = field(default_factory=dict)  # each part's text sent so far
@@ -87,11 +103,14 @@ class StreamedReasoning:
             return self.sent.get(part_id)
 
     def flush(self, send: Callable[[str, str], None], now: float | None = None) -> None:
-        if self.pending and self.part_id is not None and self.budget > 0:
-            self.budget -= 1
-            delta = "".join(self.pending)
-            self.sent[self.part_id] = self.sent.get(self.part_id, "") + delta
-            send(self.part_id, delta)
+        part = self.part_id
+        if self.pending and part is not None and self.budget > 0:
+            sent = self.sent.get(part, "")
+            delta = "".join(self.pending)[: self.max_chars.get(part, UNLIMITED) - len(sent)]
+            if delta:
+                self.budget -= 1
+                self.sent[part] = sent + delta
+                send(part, delta)
         self.pending.clear()
         self.flushed_at = time.monotonic() if now is None else now
 
@@ -125,7 +144,7 @@ class TurnObserver:
     # The program's own error and its cause, as the program raised it (the adapter's stream
     # re-raises the error without its cause).
     program_failure: tuple[BaseException, BaseException | None] | None = None
-    streaming: StreamedReasoning = field(default_factory=StreamedReasoning)
+    streaming: StreamedParts = field(default_factory=StreamedParts)
 
     def usage_snapshot(self) -> dict[str, dict[str, int]]:
         """Tokens observed so far; safe to call from the event loop while the program runs."""
@@ -177,24 +196,16 @@ class TurnObserver:
         sent = self.streaming.end(part, self.send_delta)  # ended already, unless its end came late
         if reasoning:
             text = str(reasoning)
-            if sent is None:
-                self.send(Reasoning(run_id=self.run_id, part_id=part, text=text))
-            elif text.startswith(head := sent.lstrip()):  # parsed from the field's first non-space
-                tail = text[len(head) :]  # the deltas carried `sent`; the rest closes the part
-                self.send(Reasoning(run_id=self.run_id, part_id=part, text=text, streamed=True, tail=tail))
-            else:  # the stream showed other text (a retried call, or a cut DSPy made): restate it
-                self.send(
-                    Reasoning(run_id=self.run_id, part_id=part, text=text, streamed=True, restated=True)
-                )
+            self.send(Reasoning(run_id=self.run_id, part_id=part, text=text, **closing(text, sent)))
         self.pending_cell = True
 
     @property
     def reasoning_part(self) -> str:
         return f"reasoning-{self.iteration}"
 
-    def reasoning_delta(self, text: str) -> None:
-        """Reasoning of the step whose LM call is in flight, as its tokens arrive (the stream's
-        reader, between the step's `stream_began` and `stream_ended`)."""
+    def stream_delta(self, text: str) -> None:
+        """Text of the part whose LM call is in flight, as its tokens arrive (the stream's reader,
+        between the part's `stream_began` and `stream_ended`)."""
         if not self.quiet and text:
             self.streaming.add(text, self.send_delta)
 
@@ -205,7 +216,15 @@ class TurnObserver:
         self.streaming.end(part_id, self.send_delta)
 
     def send_delta(self, part_id: str, delta: str) -> None:
-        self.send(ReasoningDelta(run_id=self.run_id, part_id=part_id, delta=delta))
+        if part_id == ANSWER_PART:
+            self.send(AnswerDelta(run_id=self.run_id, part_id=part_id, delta=delta))
+        else:
+            self.send(ReasoningDelta(run_id=self.run_id, part_id=part_id, delta=delta))
+
+    @property
+    def streamed_answer(self) -> str | None:
+        """What the answer's deltas carried (DSPy's extract fallback on the stream), or None."""
+        return self.streaming.sent.get(ANSWER_PART)
 
     def cell_started(self, code: str) -> str | None:
         """The id of the cell the model asked for, or None for DSPy's own setup code."""

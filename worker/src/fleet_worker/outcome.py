@@ -11,10 +11,20 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
 from fleet_shared.checkpoint import next_task
-from fleet_shared.events import LMUsage, RunCancelled, RunCompleted, RunEvent, RunFailed, RunWarning, Usage
+from fleet_shared.events import (
+    Answer,
+    LMUsage,
+    RunCancelled,
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    RunWarning,
+    Usage,
+)
 from fleet_shared.run_state import RunCommand
 from fleet_worker import dspy_adapter
 from fleet_worker.errors import TurnCancelled, TurnFailed, TurnStopped, TurnTimedOut
+from fleet_worker.observer import ANSWER_PART, closing
 from fleet_worker.prices import DIGITS, NO_PRICES, PriceBook
 from fleet_worker.sandbox.errors import SandboxError
 from fleet_worker.sandbox.workspace import HOST_PATHS
@@ -36,6 +46,7 @@ class Outcome:
     lm_usage: dict[str, dict[str, int]] | None = None
     failure_code: str | None = None
     failure_message: str | None = None
+    streamed_answer: str | None = None  # what the answer's deltas showed (the extract fallback)
 
 
 SHUTDOWN_OUTCOME = Outcome(
@@ -136,11 +147,13 @@ def next_checkpoint(claim: Claim, request: str, outcome: Outcome) -> dict[str, A
     )
 
 
-def capped_answer(limit: int, emit: Callable[[RunEvent], object], run_id: str, answer: str) -> str:
-    """The answer within `rlm.max_answer_chars` (SUBMIT's own check makes this a backstop for
-    answers DSPy assembled itself), with a warning when it was cut."""
-    if len(answer) <= limit:
-        return answer
-    message = f"the answer was {len(answer)} characters; it was cut to {limit} (rlm.max_answer_chars)"
-    emit(RunWarning(run_id=run_id, code="answer_truncated", message=message))
-    return answer[:limit]
+def answer_event(limit: int, emit: Callable[[RunEvent], object], run_id: str, outcome: Outcome) -> Answer:
+    """The Turn's answer within `rlm.max_answer_chars` (SUBMIT's own check makes this a backstop
+    for answers DSPy assembled itself), with a warning when it was cut; it closes the part its
+    deltas opened, if the extract fallback streamed it."""
+    answer = outcome.answer or ""
+    if len(answer) > limit:
+        message = f"the answer was {len(answer)} characters; it was cut to {limit} (rlm.max_answer_chars)"
+        emit(RunWarning(run_id=run_id, code="answer_truncated", message=message))
+        answer = answer[:limit]
+    return Answer(run_id=run_id, part_id=ANSWER_PART, text=answer, **closing(answer, outcome.streamed_answer))

@@ -22,7 +22,7 @@ from fleet_worker.children import ChildPolicy, ChildRunner
 from fleet_worker.errors import LeaseLost, QuotaExhausted, TurnCancelled, TurnStopped, TurnTimedOut
 from fleet_worker.lease import RunLease
 from fleet_worker.lm.script import Script, ScriptCursor, load_script
-from fleet_worker.observer import StreamedReasoning, TurnObserver
+from fleet_worker.observer import ANSWER_PART, StreamedParts, TurnObserver
 from fleet_worker.outcome import Outcome
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.provider import SandboxLease, SandboxProvider
@@ -74,7 +74,8 @@ def start_program(
         batch_concurrency=rlm.batch_concurrency,
         describe_failure=dspy_adapter.describe_batch_failure,
         tokens=tokens,
-        streaming=StreamedReasoning(budget=rlm.max_events // 5),  # most of the cap stays for the steps
+        # Most of the event cap stays for the steps; the answer streams no more than is kept.
+        streaming=StreamedParts(budget=rlm.max_events // 5, max_chars={ANSWER_PART: rlm.max_answer_chars}),
     )
     root_cursor, sub_cursor = cursors(scripts, settings, request)
     children = None

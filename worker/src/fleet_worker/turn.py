@@ -21,7 +21,7 @@ from fleet_shared.config import Settings
 from fleet_shared.db import queries, runs, workspace_versions
 from fleet_shared.db.engine import run_whole
 from fleet_shared.event_log import RunLog, lease_token
-from fleet_shared.events import Answer, ChildProgress, RunWarning, StatusChanged
+from fleet_shared.events import ChildProgress, RunWarning, StatusChanged
 from fleet_shared.manifests import Manifest, ManifestCache, WorkspaceState
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.shutdown import finish_even_if_cancelled
@@ -38,7 +38,7 @@ from fleet_worker.lm.script import Script
 from fleet_worker.outcome import (
     SHUTDOWN_OUTCOME,
     Outcome,
-    capped_answer,
+    answer_event,
     failure_outcome,
     next_checkpoint,
     terminal_event,
@@ -322,6 +322,7 @@ async def execute(deps: WorkerDeps, turn: HeldTurn, prepared: Prepared) -> Outco
         answer=result.answer,
         iterations=result.iterations,
         lm_usage=result.lm_usage,
+        streamed_answer=result.streamed_answer,
     )
 
 
@@ -340,14 +341,7 @@ async def settle_and_commit(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome) 
         outcome = await keep_artifacts(deps, turn, outcome, deadline)
     outcome, workspace = await keep_workspace(deps, turn, outcome, deadline)
     if outcome.answer is not None:
-        limit = deps.settings.profile.rlm.max_answer_chars
-        sink.emit(
-            Answer(
-                run_id=claim.run_id,
-                part_id="text-answer",
-                text=capped_answer(limit, sink.emit, claim.run_id, outcome.answer),
-            )
-        )
+        sink.emit(answer_event(deps.settings.profile.rlm.max_answer_chars, sink.emit, claim.run_id, outcome))
     usage = usage_event(claim.run_id, outcome, duration_ms, deps.prices)
     sink.emit(usage)
     version = claim.checkpoint_version + 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from fleet_worker.observer import DELTA_CHUNKS, DELTA_SECONDS, StreamedReasoning
+from fleet_worker.observer import DELTA_CHUNKS, DELTA_SECONDS, StreamedParts
 
 
 def test_a_fast_stream_is_cut_every_delta_chunks_and_its_first_chunk_goes_at_once() -> None:
@@ -15,7 +15,7 @@ def test_a_fast_stream_is_cut_every_delta_chunks_and_its_first_chunk_goes_at_onc
     def send(part: str, delta: str) -> None:
         sent.append((part, delta))
 
-    stream = StreamedReasoning()
+    stream = StreamedParts()
     stream.begin("reasoning-1", send)
     for n in range(3 * DELTA_CHUNKS):
         stream.add(f"{n} ", send)
@@ -27,7 +27,7 @@ def test_a_fast_stream_is_cut_every_delta_chunks_and_its_first_chunk_goes_at_onc
 
 def test_a_slow_stream_sends_what_arrived_every_delta_seconds() -> None:
     sent: list[str] = []
-    stream = StreamedReasoning()
+    stream = StreamedParts()
     stream.begin("reasoning-1", lambda _part, delta: sent.append(delta))
     started = time.monotonic()
     while time.monotonic() - started < 6 * DELTA_SECONDS:
@@ -43,7 +43,7 @@ def test_chunks_go_to_the_open_step_and_none_after_its_end() -> None:
     def send(part: str, delta: str) -> None:
         sent.append((part, delta))
 
-    stream = StreamedReasoning()
+    stream = StreamedParts()
     stream.add("before any step", send)  # no step open: not sent
     stream.begin("reasoning-1", send)
     stream.add("a", send)
@@ -67,7 +67,7 @@ def test_the_whole_reasoning_closes_the_part_with_what_the_deltas_did_not_carry(
     observer = TurnObserver(emit=events.append, run_id="r", stop=threading.Event(), max_output_chars=1000)
     observer.action_started("call-1")
     observer.stream_began(observer.reasoning_part)
-    observer.reasoning_delta("\nThink it ")  # the field's leading newline, as a stream carries it
+    observer.stream_delta("\nThink it ")  # the field's leading newline, as a stream carries it
     observer.action_finished("call-1", SimpleNamespace(reasoning="Think it through."))
     deltas = [e.delta for e in events if isinstance(e, ReasoningDelta)]
     whole = [e for e in events if isinstance(e, Reasoning)]
@@ -78,7 +78,7 @@ def test_the_whole_reasoning_closes_the_part_with_what_the_deltas_did_not_carry(
 
 def test_a_reader_that_comes_to_a_step_after_its_end_sends_nothing_of_it() -> None:
     sent: list[tuple[str, str]] = []
-    stream = StreamedReasoning()
+    stream = StreamedParts()
     assert stream.end("reasoning-1", lambda p, d: sent.append((p, d))) is None  # its text came whole
     stream.begin("reasoning-1", lambda p, d: sent.append((p, d)))
     stream.add("late", lambda p, d: sent.append((p, d)))
@@ -87,7 +87,7 @@ def test_a_reader_that_comes_to_a_step_after_its_end_sends_nothing_of_it() -> No
 
 def test_deltas_stop_at_the_turns_budget() -> None:
     sent: list[str] = []
-    stream = StreamedReasoning(budget=2)
+    stream = StreamedParts(budget=2)
     for part in ("reasoning-1", "reasoning-2", "reasoning-3"):
         stream.begin(part, lambda _p, d: sent.append(d))
         stream.add(part, lambda _p, d: sent.append(d))
@@ -107,7 +107,47 @@ def test_a_reasoning_the_stream_did_not_show_is_restated() -> None:
     observer = TurnObserver(emit=events.append, run_id="r", stop=threading.Event(), max_output_chars=1000)
     observer.action_started("call-1")
     observer.stream_began(observer.reasoning_part)
-    observer.reasoning_delta("a garbled first attempt")
+    observer.stream_delta("a garbled first attempt")
     observer.action_finished("call-1", SimpleNamespace(reasoning="Think again."))
     whole = [e for e in events if isinstance(e, Reasoning)]
     assert len(whole) == 1 and whole[0].restated and whole[0].text == "Think again."
+
+
+def test_an_extracted_answer_streams_as_answer_deltas_no_longer_than_the_answer_kept() -> None:
+    """The answer's deltas stop at rlm.max_answer_chars, so what a client saw is always the start
+    of the answer the Turn keeps; the settled Answer closes the part with the rest."""
+    import threading
+
+    from fleet_shared.events import Answer, AnswerDelta, RunWarning
+    from fleet_shared.run_state import RunCommand
+    from fleet_worker.observer import ANSWER_PART, TurnObserver
+    from fleet_worker.outcome import Outcome, answer_event
+
+    events: list[object] = []
+    observer = TurnObserver(
+        emit=events.append,
+        run_id="r",
+        stop=threading.Event(),
+        max_output_chars=1000,
+        streaming=StreamedParts(max_chars={ANSWER_PART: 12}),
+    )
+    observer.stream_began(ANSWER_PART)
+    for token in ("\n", "The answer ", "is forty-two, ", "as computed."):
+        observer.stream_delta(token)
+    observer.stream_ended(ANSWER_PART)
+    deltas = [e.delta for e in events if isinstance(e, AnswerDelta)]
+    assert "".join(deltas) == "\nThe answer " and observer.streamed_answer == "\nThe answer "
+    full = "The answer is forty-two, as computed."
+    outcome = Outcome(RunCommand.COMPLETE, "completed", answer=full, streamed_answer=observer.streamed_answer)
+    answer = answer_event(12, events.append, "r", outcome)
+    assert isinstance(answer, Answer) and answer.part_id == ANSWER_PART
+    assert (answer.text, answer.streamed, answer.tail, answer.restated) == ("The answer i", True, "i", False)
+    assert any(isinstance(e, RunWarning) and e.code == "answer_truncated" for e in events)
+
+
+def test_an_answer_that_did_not_stream_comes_whole() -> None:
+    from fleet_shared.run_state import RunCommand
+    from fleet_worker.outcome import Outcome, answer_event
+
+    answer = answer_event(100, lambda _e: None, "r", Outcome(RunCommand.COMPLETE, "completed", answer="hi"))
+    assert (answer.text, answer.streamed, answer.tail) == ("hi", False, "")
