@@ -5,6 +5,7 @@ reachable here)."""
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,7 +117,7 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
         # A provider that streams: its first token after 200 ms, then 100 tokens a second.
         provider.ttft_s, provider.tokens_per_s = 0.2, 100
         provider.replies += [
-            action(LONG_REASONING, "n = len(request.split())\nprint(n)"),
+            action(LONG_REASONING, "```python\nn = len(request.split())\nprint(n)\n```"),
             action("Ask the sub-LM.", "word = llm_query('one word for ' + str(n))\nprint(word)"),
             "plenty",
             action("Submit.", "SUBMIT(answer=f'{n} words: {word}')"),
@@ -154,6 +155,16 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
     assert len(first) >= 3 and "".join(first).strip() == LONG_REASONING
     reasoning = [p["text"] for p in history["parts"] if p["type"] == "reasoning"]
     assert reasoning[0] == LONG_REASONING and len(reasoning) == 3
+    # The first cell's code streamed as its tool input (JSON text, without the fence) before the
+    # cell's whole input; the history keeps the input whole.
+    cell = [c for c in stream.chunks if c.get("toolCallId") == "cell-1"]
+    assert cell[0]["type"] == "tool-input-start"
+    available = next(i for i, c in enumerate(cell) if c["type"] == "tool-input-available")
+    text = "".join(c["inputTextDelta"] for c in cell[:available] if c["type"] == "tool-input-delta")
+    assert json.loads(text + '"}') == {"code": "n = len(request.split())\nprint(n)\n"}
+    assert cell[available]["input"] == {"code": "n = len(request.split())\nprint(n)"}
+    tools = [p for p in history["parts"] if p.get("toolCallId") == "cell-1"]
+    assert tools[0]["input"] == {"code": "n = len(request.split())\nprint(n)"}
     # Content frames (`s.k`) are the same in every stream of a Run; control frames (`s.k.n`) are its own.
     after = stream.frames[[f[0] for f in stream.frames].index(middle) + 1 :]
     assert content(resumed) == content(after) and len(content(after)) > 10

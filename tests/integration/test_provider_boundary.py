@@ -196,11 +196,11 @@ def test_reasoning_reaches_the_stream_while_its_lm_call_is_still_in_flight(
 ) -> None:
     """The provider streams (first token after 300 ms, then 20 tokens a second): the step's
     reasoning is emitted in deltas well before the call's last token, and the whole text after."""
-    from fleet_shared.events import Reasoning, ReasoningDelta
+    from fleet_shared.events import CodeCell, CodeDelta, Reasoning, ReasoningDelta
 
     reasoning = "Think it through slowly, one small step after another, then answer."
     provider.ttft_s, provider.tokens_per_s = 0.3, 20
-    code = "SUBMIT(answer='hi')"
+    code = "```python\nword = 'hi'\nSUBMIT(answer=word)\n```"  # fenced, as the RLM is asked to write it
     provider.replies.append(
         f"[[ ## reasoning ## ]]\n{reasoning}\n\n[[ ## code ## ]]\n{code}\n\n[[ ## completed ## ]]"
     )
@@ -217,6 +217,14 @@ def test_reasoning_reaches_the_stream_while_its_lm_call_is_still_in_flight(
     whole = [e for _, e in emitted if isinstance(e, Reasoning)]
     assert len(whole) == 1 and whole[0].text == reasoning and whole[0].streamed
     assert emitted.index(next(x for x in emitted if x[1] is whole[0])) > emitted.index(deltas[-1])
+    # The code streams too, as the cell's deltas without its fence, before the call's last token;
+    # the cell's CodeCell then holds what it runs.
+    code_deltas = [(at, e) for at, e in emitted if isinstance(e, CodeDelta)]
+    assert code_deltas and code_deltas[0][0] < call_ended - 0.2
+    assert {e.call_id for _, e in code_deltas} == {"cell-1"}
+    assert "".join(e.delta for _, e in code_deltas) == "word = 'hi'\nSUBMIT(answer=word)\n"
+    cell = next(e for _, e in emitted if isinstance(e, CodeCell))
+    assert cell.code == "word = 'hi'\nSUBMIT(answer=word)"
 
 
 def test_an_lm_error_on_the_stream_is_an_lm_error(provider: FakeProvider, redis_url: str) -> None:

@@ -55,6 +55,8 @@ export function reduceChunk(view: TurnView, chunk: UIMessageChunk): TurnView {
     case "tool-input-start":
     case "tool-input-available":
       return upsertTool(view, chunk.toolCallId, { toolName: chunk.toolName, input: "input" in chunk ? chunk.input : undefined });
+    case "tool-input-delta":
+      return appendToolInput(view, chunk.toolCallId, chunk.inputTextDelta);
     case "tool-input-error":
       return upsertTool(view, chunk.toolCallId, { toolName: chunk.toolName, input: chunk.input, state: "error", errorText: chunk.errorText });
     case "tool-output-available":
@@ -116,14 +118,36 @@ function upsertTool(view: TurnView, toolCallId: string, patch: ToolPatch): TurnV
     const part: Part = { kind: "tool", toolCallId, toolName: patch.toolName ?? "tool", input: patch.input, state: patch.state ?? "running", ...outputOf(patch) };
     return { ...view, parts: [...view.parts, part] };
   }
-  const old = view.parts[index] as Extract<Part, { kind: "tool" }>;
+  const { inputText, ...old } = view.parts[index] as Extract<Part, { kind: "tool" }>;
   return replaceAt(view, index, {
     ...old,
+    ...(patch.input === undefined && inputText !== undefined ? { inputText } : {}), // a whole input ends the streamed one
     ...(patch.toolName !== undefined ? { toolName: patch.toolName } : {}),
     ...(patch.input !== undefined ? { input: patch.input } : {}),
     ...(patch.state !== undefined ? { state: patch.state } : {}),
     ...outputOf(patch),
   });
+}
+
+function appendToolInput(view: TurnView, toolCallId: string, delta: string): TurnView {
+  const index = view.parts.findIndex((p) => p.kind === "tool" && p.toolCallId === toolCallId);
+  if (index < 0) return { ...view, ignored: view.ignored + 1 }; // a delta without its tool-input-start
+  const old = view.parts[index] as Extract<Part, { kind: "tool" }>;
+  const inputText = (old.inputText ?? "") + delta;
+  return replaceAt(view, index, { ...old, inputText, input: partialJson(inputText) ?? old.input });
+}
+
+/** A streamed input's JSON text, cut anywhere in its last string value, read as if it ended there. */
+export function partialJson(text: string): unknown {
+  // An escape cut in its middle (`\u00`) is at most 5 characters: drop up to that many and retry.
+  for (let cut = 0; cut <= Math.min(5, text.length); cut++) {
+    try {
+      return JSON.parse(`${text.slice(0, text.length - cut)}"}`);
+    } catch {
+      // try a shorter text
+    }
+  }
+  return undefined;
 }
 
 function outputOf(patch: ToolPatch): { output?: unknown; errorText?: string } {

@@ -70,7 +70,7 @@ function renderPart(part: Part, width: number, options: RenderOptions): string[]
 
 function renderCell(part: ToolPart, width: number, options: RenderOptions): string[] {
   const input = record(part.input);
-  const code = str(input["code"]) ?? JSON.stringify(part.input ?? {});
+  const code = str(input["code"]) ?? (part.input === undefined ? "" : JSON.stringify(part.input));
   const out = block("  ", [style.gray(`┌ python ${part.toolCallId}`)], width);
   out.push(...folded(style.gray("  │ "), highlightPython(code), width, options));
   if (part.state === "error") {
@@ -82,7 +82,8 @@ function renderCell(part: ToolPart, width: number, options: RenderOptions): stri
     if (output["truncated"] === true) lines.push(style.yellow("[output truncated by the sandbox]"));
     out.push(...folded(style.gray("  └ "), lines, width, options, "    "));
   } else {
-    out.push(...block("  ", [style.gray("└ running…")], width));
+    // Its code still arriving (input deltas, no whole input yet), or running.
+    out.push(...block("  ", [style.gray(part.inputText !== undefined ? "└ writing…" : "└ running…")], width));
   }
   return out;
 }

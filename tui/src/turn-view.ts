@@ -20,6 +20,8 @@ export interface ToolPart {
   readonly toolCallId: string;
   readonly toolName: string;
   readonly input: unknown;
+  /** The input's JSON text as its `tool-input-delta`s brought it (a cell's code as the LM writes it). */
+  readonly inputText?: string;
   readonly state: "running" | "output" | "error";
   readonly output?: unknown;
   readonly errorText?: string;

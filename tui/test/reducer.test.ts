@@ -179,6 +179,35 @@ describe("stream reducer on synthetic chunks", () => {
     assert.deepEqual(texts, ["reasoning:Think again.", "text:The answer."]);
   });
 
+  test("a cell's code shows as its input deltas arrive, then whole", async () => {
+    const code = 'print("a\\tb")\nx = "\u00fc"';
+    const json = JSON.stringify({ code }); // what the deltas add up to, but for its closing `"}`
+    const text = json.slice(0, -2);
+    const cuts = [3, 12, 16, 21, text.length]; // 3: inside the key; 16: between the two halves of `\"`
+    const deltas = cuts.map((end, k) => text.slice(k === 0 ? 0 : cuts[k - 1], end));
+    const frames = (n: number) => [
+      start,
+      { id: "2.0", data: { type: "tool-input-start", toolCallId: "cell-1", toolName: "python", dynamic: true, providerExecuted: true } },
+      ...deltas.slice(0, n).map((inputTextDelta, k) => ({ id: `${3 + k}.0`, data: { type: "tool-input-delta", toolCallId: "cell-1", inputTextDelta } })),
+    ];
+    const codeAfter = async (n: number) => {
+      const view = reduceFrames(emptyTurn("q"), await framesOf(sseOf(frames(n), false)));
+      const tool = view.parts.find((p) => p.kind === "tool");
+      assert.ok(tool && tool.kind === "tool" && tool.state === "running");
+      return (tool.input as { code?: string } | undefined)?.code ?? "";
+    };
+    let shown = "";
+    for (let n = 1; n <= deltas.length; n++) {
+      const now = await codeAfter(n);
+      assert.ok(code.startsWith(now) && now.startsWith(shown), `${n}: ${JSON.stringify(now)}`);
+      shown = now;
+    }
+    assert.equal(shown, code);
+    const whole = [...frames(deltas.length), { id: "9.0", data: { type: "tool-input-available", toolCallId: "cell-1", toolName: "python", input: { code: "print(1)" } } }];
+    const view = reduceFrames(emptyTurn("q"), await framesOf(sseOf(whole, false)));
+    assert.deepEqual(view.parts.flatMap((p) => (p.kind === "tool" ? [p.input] : [])), [{ code: "print(1)" }]);
+  });
+
   test("nothing is applied after a terminal chunk", async () => {
     const frames = await framesOf(sseOf([start, { id: "1.0", data: { type: "abort", reason: "Turn cancelled" } }, { id: "2.0", data: { type: "text-start", id: "t" } }]));
     const view = reduceFrames(emptyTurn("x"), frames);

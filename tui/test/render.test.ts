@@ -130,3 +130,17 @@ test("the usage line shows the Turn's cost only when a model had a price", () =>
   assert.equal(formatUsage({ models, costUsd: 1.5 }), "usage: openai/gpt-4o-mini 44→28 tokens · $1.50");
   assert.ok(!formatUsage({ models }).includes("$"));
 });
+
+test("a cell whose code is still arriving shows it as far as it came, writing, then running", async () => {
+  const start = { id: "0.0.1", data: { type: "start", messageId: "r" } };
+  const opened = { id: "1.0", data: { type: "tool-input-start", toolCallId: "c1", toolName: "python", dynamic: true } };
+  const delta = { id: "1.1", data: { type: "tool-input-delta", toolCallId: "c1", inputTextDelta: '{"code":"for i in ran' } };
+  const whole = { id: "2.0", data: { type: "tool-input-available", toolCallId: "c1", toolName: "python", input: { code: "for i in range(3): pass" }, dynamic: true } };
+  const writing = reduceFrames(emptyTurn("q"), await framesOf(sseOf([start, opened, delta], false)));
+  const lines = renderTurn(writing, 80, options(true)).map(stripAnsi);
+  assert.ok(lines.some((l) => l.includes("│ for i in ran")) && lines.some((l) => l.includes("└ writing…")), lines.join("\n"));
+  const running = reduceFrames(writing, await framesOf(sseOf([whole], false)));
+  const after = renderTurn(running, 80, options(true)).map(stripAnsi);
+  assert.ok(after.some((l) => l.includes("│ for i in range(3): pass")) && after.some((l) => l.includes("└ running…")), after.join("\n"));
+  assert.ok(!after.some((l) => l.includes("writing")));
+});

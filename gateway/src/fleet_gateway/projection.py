@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, assert_never
 
+import msgspec
+
 from fleet_shared.events import (
     Answer,
     AnswerDelta,
@@ -13,6 +15,7 @@ from fleet_shared.events import (
     CellOutput,
     ChildProgress,
     CodeCell,
+    CodeDelta,
     IterationFinished,
     IterationStarted,
     LMQueryFinished,
@@ -33,6 +36,7 @@ from fleet_shared.events import (
 from fleet_shared.transcript import UNFINISHED_TOOL_TEXT, data_part, failed_cell_text, lm_query_input
 
 Chunk = dict[str, Any]
+UNFINISHED_CODE_TEXT = "the Turn ended before this cell's code was complete"
 Delivery = Literal["live", "replay", "resume"]
 SCHEMA_VERSION = 1
 
@@ -51,6 +55,7 @@ class StreamState:
     open_tools: set[str] = field(default_factory=set)
     open_reasoning: set[str] = field(default_factory=set)  # streamed reasoning parts not yet ended
     open_text: set[str] = field(default_factory=set)  # streamed text parts (the answer) not yet ended
+    input_streaming: set[str] = field(default_factory=set)  # open tools whose input is not whole yet
 
 
 def start_chunk(state: StreamState, *, created_at: str, delivery: Delivery, model: str) -> Chunk:
@@ -95,6 +100,8 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             return delta_chunks("reasoning", state.open_reasoning, part_id, delta)
         case Reasoning():
             return whole_chunks("reasoning", state.open_reasoning, event)
+        case CodeDelta(call_id=call_id, delta=delta):
+            return code_input_delta(state, call_id, delta)
         case CodeCell(call_id=call_id, code=code):
             return [tool_input(state, call_id, "python", {"code": code})]
         case CellOutput(call_id=call_id, stdout=stdout, truncated=truncated, error=str() as error):
@@ -149,6 +156,7 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
 
 def tool_input(state: StreamState, call_id: str, name: str, tool_input: dict[str, Any]) -> Chunk:
     state.open_tools.add(call_id)
+    state.input_streaming.discard(call_id)
     return {
         "type": "tool-input-available",
         "toolCallId": call_id,
@@ -157,6 +165,26 @@ def tool_input(state: StreamState, call_id: str, name: str, tool_input: dict[str
         "providerExecuted": True,
         "dynamic": True,
     }
+
+
+def code_input_delta(state: StreamState, call_id: str, delta: str) -> list[Chunk]:
+    """A cell's code while the LM writes it: the tool's input as JSON text, `{"code":"` and the
+    code escaped, which the AI SDK parses as partial JSON; the cell's tool-input-available then
+    holds the input whole."""
+    escaped = msgspec.json.encode(delta).decode()[1:-1]
+    more = {"type": "tool-input-delta", "toolCallId": call_id, "inputTextDelta": escaped}
+    if call_id in state.open_tools:
+        return [more]
+    state.open_tools.add(call_id)
+    state.input_streaming.add(call_id)
+    opening = {
+        "type": "tool-input-start",
+        "toolCallId": call_id,
+        "toolName": "python",
+        "providerExecuted": True,
+        "dynamic": True,
+    }
+    return [opening, {**more, "inputTextDelta": '{"code":"' + escaped}]
 
 
 def tool_output(state: StreamState, call_id: str, output: dict[str, Any]) -> Chunk:
@@ -182,7 +210,25 @@ def tool_error(state: StreamState, call_id: str, error_text: str) -> Chunk:
 
 
 def close_tools(state: StreamState, reason: str) -> list[Chunk]:
-    return [tool_error(state, call_id, reason) for call_id in sorted(state.open_tools)]
+    """End the open tools: a call that never returned, or a cell whose code never came whole
+    (its input is the error, as the AI SDK has it for an input that could not be completed)."""
+    closed = [
+        {
+            "type": "tool-input-error",
+            "toolCallId": call_id,
+            "toolName": "python",
+            "input": {},
+            "errorText": UNFINISHED_CODE_TEXT,
+            "providerExecuted": True,
+            "dynamic": True,
+        }
+        if call_id in state.input_streaming
+        else tool_error(state, call_id, reason)
+        for call_id in sorted(state.open_tools)
+    ]
+    state.open_tools.clear()
+    state.input_streaming.clear()
+    return closed
 
 
 def delta_chunks(kind: str, open_parts: set[str], part_id: str, delta: str) -> list[Chunk]:

@@ -291,6 +291,7 @@ class Snapshot(NamedTuple):
     idempotent_replay: bool
     open_reasoning: frozenset[str]
     open_text: frozenset[str]
+    input_streaming: frozenset[str]
 
 
 def snapshot(state: StreamState) -> Snapshot:
@@ -302,6 +303,7 @@ def snapshot(state: StreamState) -> Snapshot:
         state.idempotent_replay,
         frozenset(state.open_reasoning),
         frozenset(state.open_text),
+        frozenset(state.input_streaming),
     )
 
 
@@ -321,6 +323,8 @@ def emit_live(event: RunEvent, state: StreamState, cursor: Cursor) -> bytes:
                 state.open_reasoning = set(after.open_reasoning)
             if state.open_text != after.open_text:
                 state.open_text = set(after.open_text)
+            if state.input_streaming != after.input_streaming:
+                state.input_streaming = set(after.input_streaming)
         state.projected_seq = max(state.projected_seq, event.seq)
         if shared.position is not None:
             cursor.position, cursor.controls = shared.position, 0

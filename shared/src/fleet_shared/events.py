@@ -48,9 +48,17 @@ class Reasoning(WholeText, tag="reasoning"):
 
 class ReasoningDelta(Event, tag="reasoning.delta"):
     """Reasoning text of a step while its LM call is still in flight: several tokens at a time
-    (fleet_worker.observer, DELTA_SECONDS and DELTA_CHUNKS bound each event)."""
+    (fleet_worker.streamed_parts, DELTA_SECONDS and DELTA_CHUNKS bound each event)."""
 
     part_id: str
+    delta: str
+
+
+class CodeDelta(Event, tag="cell.code.delta"):
+    """A step's code while its LM call is still in flight, batched as ReasoningDelta (its
+    markdown fence left out). The CodeCell that follows holds what the cell runs, whole."""
+
+    call_id: str
     delta: str
 
 
@@ -177,6 +185,7 @@ RunEvent = (
     | IterationFinished
     | Reasoning
     | ReasoningDelta
+    | CodeDelta
     | CodeCell
     | CellOutput
     | LMQueryStarted

@@ -12,6 +12,7 @@ from fleet_shared.events import (
     CellOutput,
     ChildProgress,
     CodeCell,
+    CodeDelta,
     IterationFinished,
     IterationStarted,
     LMQueryFinished,
@@ -129,6 +130,7 @@ def fold_parts(events: list[RunEvent]) -> list[Part]:
                 StatusChanged()
                 | ReasoningDelta()  # its step's Reasoning event holds the whole text
                 | AnswerDelta()  # the Answer event holds the whole text
+                | CodeDelta()  # its CodeCell holds the code the cell ran
                 | IterationFinished()
                 | RunCompleted()
                 | RunFailed()

@@ -21,6 +21,7 @@ from fleet_shared.events import (
     AnswerDelta,
     CellOutput,
     CodeCell,
+    CodeDelta,
     IterationFinished,
     IterationStarted,
     LMQueryFinished,
@@ -445,6 +446,57 @@ def test_a_streamed_answer_whose_text_never_came_is_ended(ending: str) -> None:
     types = [c["type"] for c in chunks]
     assert types[types.index("text-delta") + 1] == "text-end"
     assert state.open_text == set()
+    assert_stream_contract(chunks)
+
+
+def test_a_cells_code_streams_as_tool_input_deltas_of_partial_json_then_comes_whole() -> None:
+    """The deltas of a cell's input are JSON text (the AI SDK's default input encoding), which
+    parses, completed, to the code streamed so far; tool-input-available then holds it whole."""
+    code_parts = ['print("a', '\\b")\n', "x = 'ü'"]
+    events: list[RunEvent] = [
+        IterationStarted(run_id=R, iteration=1),
+        *(CodeDelta(run_id=R, call_id="cell-1", delta=part) for part in code_parts),
+        CodeCell(run_id=R, call_id="cell-1", code="".join(code_parts)),
+        CellOutput(run_id=R, call_id="cell-1", stdout="a\\b\n"),
+        IterationFinished(run_id=R, iteration=1),
+        RunCompleted(run_id=R, duration_ms=1),
+    ]
+    chunks = run_stream(events)
+    tools = [c for c in chunks if c["type"].startswith("tool-")]
+    assert [c["type"] for c in tools] == [
+        "tool-input-start",
+        "tool-input-delta",
+        "tool-input-delta",
+        "tool-input-delta",
+        "tool-input-available",
+        "tool-output-available",
+    ]
+    assert tools[0] == {
+        "type": "tool-input-start",
+        "toolCallId": "cell-1",
+        "toolName": "python",
+        "providerExecuted": True,
+        "dynamic": True,
+    }
+    text = "".join(c["inputTextDelta"] for c in tools[1:4])
+    assert msgspec.json.decode(text + '"}') == {"code": "".join(code_parts)}
+    assert tools[4]["input"] == {"code": "".join(code_parts)}
+    assert_stream_contract(chunks)
+
+
+def test_a_cell_whose_code_streamed_but_never_ran_is_closed_at_the_runs_end() -> None:
+    state = StreamState(R, SESSION)
+    chunks = run_stream(
+        [
+            IterationStarted(run_id=R, iteration=1),
+            CodeDelta(run_id=R, call_id="cell-1", delta="print(1)"),
+            RunCompleted(run_id=R, duration_ms=1),
+        ],
+        state,
+    )
+    closed = [c for c in chunks if c["type"].startswith("tool-")][-1]
+    assert closed["type"] == "tool-input-error" and closed["toolCallId"] == "cell-1"
+    assert state.open_tools == state.input_streaming == set()
     assert_stream_contract(chunks)
 
 

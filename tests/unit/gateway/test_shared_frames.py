@@ -82,42 +82,64 @@ def test_streamed_reasoning_is_part_of_the_state_two_streams_share() -> None:
     stream starts the part once and ends it once, whichever of them projects an event first."""
     from fleet_shared.events import ReasoningDelta
 
-    run = [
-        IterationStarted(run_id=RUN, seq=1, iteration=1),
-        ReasoningDelta(run_id=RUN, seq=2, part_id="r1", delta="th"),
-        ReasoningDelta(run_id=RUN, seq=3, part_id="r1", delta="in"),
-        ReasoningDelta(run_id=RUN, seq=4, part_id="r1", delta="k"),
-        Reasoning(run_id=RUN, seq=5, part_id="r1", text="think", streamed=True),
-        RunCompleted(run_id=RUN, seq=6, duration_ms=5),
-    ]
+    sent, states = both_streams(
+        [
+            IterationStarted(run_id=RUN, seq=1, iteration=1),
+            ReasoningDelta(run_id=RUN, seq=2, part_id="r1", delta="th"),
+            ReasoningDelta(run_id=RUN, seq=3, part_id="r1", delta="in"),
+            ReasoningDelta(run_id=RUN, seq=4, part_id="r1", delta="k"),
+            Reasoning(run_id=RUN, seq=5, part_id="r1", text="think", streamed=True),
+            RunCompleted(run_id=RUN, seq=6, duration_ms=5),
+        ]
+    )
+    for data in sent.values():
+        assert data.count(b'"reasoning-start"') == 1 and data.count(b'"reasoning-end"') == 1
+    assert all(state.open_reasoning == set() for state in states)
+
+
+def both_streams(run: list[RunEvent]) -> tuple[dict[str, bytes], list[StreamState]]:
+    """Two caught-up streams of one Run, taking turns at projecting each event first."""
     (a_state, a_cursor), (b_state, b_cursor) = stream(), stream()
     sent: dict[str, bytes] = {"a": b"", "b": b""}
     for n, event in enumerate(run):
         order = [("a", a_state, a_cursor), ("b", b_state, b_cursor)]
         for name, state, cursor in order if n % 2 else reversed(order):  # who projects first alternates
             sent[name] += emit_live(event, state, cursor)
-    for data in sent.values():
-        assert data.count(b'"reasoning-start"') == 1 and data.count(b'"reasoning-end"') == 1
-    assert a_state.open_reasoning == b_state.open_reasoning == set()
+    return sent, [a_state, b_state]
 
 
 def test_a_streamed_answer_is_part_of_the_state_two_streams_share() -> None:
     from fleet_shared.events import Answer, AnswerDelta
 
-    run = [
-        AnswerDelta(run_id=RUN, seq=1, part_id="text-answer", delta="fo"),
-        AnswerDelta(run_id=RUN, seq=2, part_id="text-answer", delta="r"),
-        AnswerDelta(run_id=RUN, seq=3, part_id="text-answer", delta="ty"),
-        Answer(run_id=RUN, seq=4, part_id="text-answer", text="forty-two", streamed=True, tail="-two"),
-        RunCompleted(run_id=RUN, seq=5, duration_ms=5),
-    ]
-    (a_state, a_cursor), (b_state, b_cursor) = stream(), stream()
-    sent: dict[str, bytes] = {"a": b"", "b": b""}
-    for n, event in enumerate(run):
-        order = [("a", a_state, a_cursor), ("b", b_state, b_cursor)]
-        for name, state, cursor in order if n % 2 else reversed(order):
-            sent[name] += emit_live(event, state, cursor)
+    sent, states = both_streams(
+        [
+            AnswerDelta(run_id=RUN, seq=1, part_id="text-answer", delta="fo"),
+            AnswerDelta(run_id=RUN, seq=2, part_id="text-answer", delta="r"),
+            AnswerDelta(run_id=RUN, seq=3, part_id="text-answer", delta="ty"),
+            Answer(run_id=RUN, seq=4, part_id="text-answer", text="forty-two", streamed=True, tail="-two"),
+            RunCompleted(run_id=RUN, seq=5, duration_ms=5),
+        ]
+    )
     for data in sent.values():
         assert data.count(b'"text-start"') == 1 and data.count(b'"text-end"') == 1
         assert data.count(b'"-two"') == 1
-    assert a_state.open_text == b_state.open_text == set()
+    assert all(state.open_text == set() for state in states)
+
+
+def test_a_cells_streamed_code_is_part_of_the_state_two_streams_share() -> None:
+    from fleet_shared.events import CellOutput, CodeCell, CodeDelta
+
+    sent, states = both_streams(
+        [
+            CodeDelta(run_id=RUN, seq=1, call_id="cell-1", delta="pri"),
+            CodeDelta(run_id=RUN, seq=2, call_id="cell-1", delta="nt("),
+            CodeDelta(run_id=RUN, seq=3, call_id="cell-2", delta="1)"),
+            CodeCell(run_id=RUN, seq=4, call_id="cell-1", code="print(1)"),
+            CellOutput(run_id=RUN, seq=5, call_id="cell-1", stdout="1\n"),
+            RunCompleted(run_id=RUN, seq=6, duration_ms=5),
+        ]
+    )
+    for data in sent.values():
+        assert data.count(b'"tool-input-start"') == 2 and data.count(b'{\\"code\\":\\"') == 2
+        assert data.count(b'"tool-input-error"') == 1  # cell-2's code never came whole
+    assert all(state.open_tools == state.input_streaming == set() for state in states)

@@ -4,9 +4,12 @@ begin came before them, and none is sent after its step's end."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
-from fleet_worker.observer import DELTA_CHUNKS, DELTA_SECONDS, StreamedParts
+import pytest
+
+from fleet_worker.streamed_parts import DELTA_CHUNKS, DELTA_SECONDS, StreamedParts, visible_code
 
 
 def test_a_fast_stream_is_cut_every_delta_chunks_and_its_first_chunk_goes_at_once() -> None:
@@ -120,8 +123,9 @@ def test_an_extracted_answer_streams_as_answer_deltas_no_longer_than_the_answer_
 
     from fleet_shared.events import Answer, AnswerDelta, RunWarning
     from fleet_shared.run_state import RunCommand
-    from fleet_worker.observer import ANSWER_PART, TurnObserver
+    from fleet_worker.observer import TurnObserver
     from fleet_worker.outcome import Outcome, answer_event
+    from fleet_worker.streamed_parts import ANSWER_PART
 
     events: list[object] = []
     observer = TurnObserver(
@@ -151,3 +155,43 @@ def test_an_answer_that_did_not_stream_comes_whole() -> None:
 
     answer = answer_event(100, lambda _e: None, "r", Outcome(RunCommand.COMPLETE, "completed", answer="hi"))
     assert (answer.text, answer.streamed, answer.tail) == ("hi", False, "")
+
+
+FENCED = "```python\nn = len(request.split())\nprint(f'{n} words')\n```\n"
+
+
+@pytest.mark.parametrize("raw", [FENCED, "\n" + FENCED, "n = len(request.split())\nprint(f'{n} words')\n"])
+def test_the_code_shown_grows_with_the_stream_and_never_shows_its_fence(raw: str) -> None:
+    """Every prefix of the field shows a prefix of the code, and the whole field shows the code:
+    no fence line, no closing fence, no backtick that may become one."""
+    code = "n = len(request.split())\nprint(f'{n} words')\n"
+    shown = [visible_code(raw[:n]) for n in range(len(raw) + 1)]
+    assert all(code.startswith(s) and "`" not in s for s in shown)
+    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(shown))
+    assert shown[-1] == code
+    assert visible_code(raw + "trailing words after the fence") == code or "```" not in raw
+
+
+def test_a_steps_code_streams_as_its_cells_deltas_between_the_steps_marks() -> None:
+    import threading
+
+    from fleet_shared.events import CodeDelta
+    from fleet_worker.observer import TurnObserver
+
+    events: list[object] = []
+    observer = TurnObserver(emit=events.append, run_id="r", stop=threading.Event(), max_output_chars=1000)
+    observer.code_delta("print(0)")  # no step open: not shown
+    observer.action_started("call-1")
+    observer.stream_began(observer.reasoning_part)
+    observer.stream_delta("Count.")
+    for chunk in ("```py", "thon\nprint(", "1)\n``", "`\n"):
+        observer.code_delta(chunk)
+    observer.stream_ended(observer.reasoning_part)
+    observer.code_delta("print(2)")  # after the step's end: dropped
+    deltas = [(type(e).__name__, getattr(e, "call_id", None), e.delta) for e in events if hasattr(e, "delta")]
+    assert deltas == [
+        ("ReasoningDelta", None, "Count."),
+        ("CodeDelta", "cell-1", "print("),  # the code's first chunk goes at once
+        ("CodeDelta", "cell-1", "1)\n"),  # held, then sent at the step's end
+    ]
+    assert not any(isinstance(e, CodeDelta) and "`" in e.delta for e in events)

@@ -27,10 +27,11 @@ from fleet_worker.dspy_stream import run_streamed, step_began, step_ended
 from fleet_worker.errors import TurnStopped
 from fleet_worker.lm.script import Role, ScriptCursor, asks_for_the_answer, completion_text, count_tokens
 from fleet_worker.lm_meter import LMCallMeter, MeteredUsage
-from fleet_worker.observer import ANSWER_PART, TurnObserver, fit_output
+from fleet_worker.observer import TurnObserver, fit_output
 from fleet_worker.sandbox.errors import CellFailed, SandboxCrashed
 from fleet_worker.sandbox.provider import Repl
 from fleet_worker.sandbox.workspace import HOST_PATHS
+from fleet_worker.streamed_parts import ANSWER_PART
 from fleet_worker.turn_trace import TurnTrace
 
 

@@ -67,6 +67,7 @@ def run_streamed(program: dspy.RLM, observer: TurnObserver, **inputs: Any) -> ds
     observer.unstreamed = unstreamed
     listeners = [
         dspy.streaming.StreamListener("reasoning", predict=program.generate_action, allow_reuse=True),
+        dspy.streaming.StreamListener("code", predict=program.generate_action, allow_reuse=True),
         dspy.streaming.StreamListener("answer", predict=program.extract),  # max_iters reached
     ]
     streamed = dspy.streamify(OnStreamedAdapter(program), stream_listeners=listeners, async_streaming=False)
@@ -76,7 +77,9 @@ def run_streamed(program: dspy.RLM, observer: TurnObserver, **inputs: Any) -> ds
     try:
         with dspy.context(async_max_workers=STREAMED_PROGRAMS):
             for item in streamed(**inputs):
-                if isinstance(item, dspy.streaming.StreamResponse):
+                if isinstance(item, dspy.streaming.StreamResponse) and item.signature_field_name == "code":
+                    observer.code_delta(item.chunk)
+                elif isinstance(item, dspy.streaming.StreamResponse):
                     observer.stream_delta(item.chunk)
                 elif isinstance(item, StepStream) and item.read is None:
                     observer.stream_began(item.part_id)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
@@ -17,6 +16,7 @@ from fleet_shared.events import (
     AnswerDelta,
     CellOutput,
     CodeCell,
+    CodeDelta,
     IterationFinished,
     IterationStarted,
     LMQueryFinished,
@@ -29,90 +29,22 @@ from fleet_shared.events import (
 from fleet_shared.transcript import OUTPUT_CUT_NOTE, failed_cell_text
 from fleet_worker.budget import CallBudget, LLMBudgetExhausted
 from fleet_worker.errors import TurnStopped
+from fleet_worker.streamed_parts import (
+    ANSWER_PART,
+    CELL_PREFIX,
+    REASONING_PREFIX,
+    StreamedParts,
+    closing,
+    visible_code,
+)
 from fleet_worker.tenant_tokens import TenantTokens
 
 PROMPT_PREVIEW_CHARS = 4000
 UNLIMITED = 1_000_000
-# A delta event carries what arrived since the last one: at most DELTA_CHUNKS stream chunks, and
-# (while chunks keep coming) at most DELTA_SECONDS of them. A part's first chunk goes at once: the
-# first visible token waits for nothing.
-DELTA_SECONDS = 0.05
-DELTA_CHUNKS = 64
-ANSWER_PART = "text-answer"  # the Turn's one answer part, streamed or not
 
 
 def raise_it(exc: Exception) -> str:
     raise exc
-
-
-def closing(text: str, sent: str | None) -> dict[str, Any]:
-    """How a part's whole text closes what its deltas `sent` (WholeText's fields): the rest as
-    its tail, or, when the stream showed other text (a retried call, a cut), restated."""
-    if sent is None:
-        return {}
-    if text.startswith(head := sent.lstrip()):  # parsed from the field's first non-space
-        return {"streamed": True, "tail": text[len(head) :]}
-    return {"streamed": True, "restated": True}
-
-
-@dataclass
-class StreamedParts:
-    """The deltas of a Turn's streamed parts (each step's reasoning, the extracted answer), batched
-    (DELTA_SECONDS, DELTA_CHUNKS). The stream's reader adds chunks to the open part; a part's
-    begin and end come through the same stream, in order with its chunks, so a chunk is never
-    taken for another part's, and none is sent after its part's end (what the stream still held
-    then arrives with the whole text)."""
-
-    # Delta events a Turn may send (they count against rlm.max_events like every event); past
-    # them a part's text comes whole with its end.
-    budget: int = 1_000
-    # The characters a part's deltas may carry (the answer: rlm.max_answer_chars, so what was
-    # shown is always the start of the answer kept).
-    max_chars: dict[str, int] = field(default_factory=dict)
-    part_id: str | None = None  # the part whose chunks are arriving
-    pending: list[str] = field(default_factory=list)
-    sent: dict[str, str] = field(default_factory=dict)  # each part's text sent so far
-    ended: set[str] = field(default_factory=set)
-    flushed_at: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def begin(self, part_id: str, send: Callable[[str, str], None]) -> None:
-        with self.lock:
-            self.flush(send)
-            if part_id in self.ended:  # a reader so late that the step has ended: its text came whole
-                self.part_id = None
-                return
-            self.part_id, self.flushed_at = part_id, 0.0  # its first chunk goes at once
-
-    def add(self, text: str, send: Callable[[str, str], None]) -> None:
-        with self.lock:
-            if self.part_id is None:
-                return
-            self.pending.append(text)
-            now = time.monotonic()
-            if len(self.pending) >= DELTA_CHUNKS or now - self.flushed_at >= DELTA_SECONDS:
-                self.flush(send, now)
-
-    def end(self, part_id: str, send: Callable[[str, str], None]) -> str | None:
-        """The part's end: what was held back is sent; the text its deltas carried, or None."""
-        with self.lock:
-            if part_id == self.part_id:
-                self.flush(send)
-                self.part_id = None
-            self.ended.add(part_id)
-            return self.sent.get(part_id)
-
-    def flush(self, send: Callable[[str, str], None], now: float | None = None) -> None:
-        part = self.part_id
-        if self.pending and part is not None and self.budget > 0:
-            sent = self.sent.get(part, "")
-            delta = "".join(self.pending)[: self.max_chars.get(part, UNLIMITED) - len(sent)]
-            if delta:
-                self.budget -= 1
-                self.sent[part] = sent + delta
-                send(part, delta)
-        self.pending.clear()
-        self.flushed_at = time.monotonic() if now is None else now
 
 
 @dataclass
@@ -145,6 +77,7 @@ class TurnObserver:
     # re-raises the error without its cause).
     program_failure: tuple[BaseException, BaseException | None] | None = None
     streaming: StreamedParts = field(default_factory=StreamedParts)
+    code_streamed: dict[str, str] = field(default_factory=dict)  # each cell's code as it arrived
 
     def usage_snapshot(self) -> dict[str, dict[str, int]]:
         """Tokens observed so far; safe to call from the event loop while the program runs."""
@@ -201,13 +134,26 @@ class TurnObserver:
 
     @property
     def reasoning_part(self) -> str:
-        return f"reasoning-{self.iteration}"
+        return f"{REASONING_PREFIX}{self.iteration}"
 
     def stream_delta(self, text: str) -> None:
         """Text of the part whose LM call is in flight, as its tokens arrive (the stream's reader,
         between the part's `stream_began` and `stream_ended`)."""
         if not self.quiet and text:
             self.streaming.add(text, self.send_delta)
+
+    def code_delta(self, text: str) -> None:
+        """Code of the step whose LM call is in flight (after its reasoning, on the same marks),
+        without its markdown fence: the cell's CodeCell follows with the code it runs."""
+        step = self.streaming.part_id  # read on the stream's reader, the only thread that moves it
+        if self.quiet or not text or step is None or not step.startswith(REASONING_PREFIX):
+            return
+        call_id = CELL_PREFIX + step.removeprefix(REASONING_PREFIX)
+        raw = self.code_streamed.get(call_id, "")
+        self.code_streamed[call_id] = raw + text
+        shown, now = visible_code(raw), visible_code(raw + text)
+        if now.startswith(shown) and len(now) > len(shown):
+            self.streaming.add(now[len(shown) :], self.send_delta, into=call_id)
 
     def stream_began(self, part_id: str) -> None:
         self.streaming.begin(part_id, self.send_delta)
@@ -218,6 +164,8 @@ class TurnObserver:
     def send_delta(self, part_id: str, delta: str) -> None:
         if part_id == ANSWER_PART:
             self.send(AnswerDelta(run_id=self.run_id, part_id=part_id, delta=delta))
+        elif part_id.startswith(CELL_PREFIX):
+            self.send(CodeDelta(run_id=self.run_id, call_id=part_id, delta=delta))
         else:
             self.send(ReasoningDelta(run_id=self.run_id, part_id=part_id, delta=delta))
 
@@ -231,7 +179,7 @@ class TurnObserver:
         if not self.pending_cell:
             return None
         self.pending_cell = False
-        call_id = f"cell-{self.iteration}"
+        call_id = f"{CELL_PREFIX}{self.iteration}"
         self.send(CodeCell(run_id=self.run_id, call_id=call_id, code=code))
         return call_id
 

@@ -24,10 +24,10 @@ from fleet_shared.events import (
 from fleet_shared.run_state import RunCommand
 from fleet_worker import dspy_adapter
 from fleet_worker.errors import TurnCancelled, TurnFailed, TurnStopped, TurnTimedOut
-from fleet_worker.observer import ANSWER_PART, closing
 from fleet_worker.prices import DIGITS, NO_PRICES, PriceBook
 from fleet_worker.sandbox.errors import SandboxError
 from fleet_worker.sandbox.workspace import HOST_PATHS
+from fleet_worker.streamed_parts import ANSWER_PART, closing
 
 if TYPE_CHECKING:
     from fleet_worker.turn import Claim

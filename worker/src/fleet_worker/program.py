@@ -22,10 +22,11 @@ from fleet_worker.children import ChildPolicy, ChildRunner
 from fleet_worker.errors import LeaseLost, QuotaExhausted, TurnCancelled, TurnStopped, TurnTimedOut
 from fleet_worker.lease import RunLease
 from fleet_worker.lm.script import Script, ScriptCursor, load_script
-from fleet_worker.observer import ANSWER_PART, StreamedParts, TurnObserver
+from fleet_worker.observer import TurnObserver
 from fleet_worker.outcome import Outcome
 from fleet_worker.publisher import EventSink
 from fleet_worker.sandbox.provider import SandboxLease, SandboxProvider
+from fleet_worker.streamed_parts import ANSWER_PART, StreamedParts
 from fleet_worker.tenant_tokens import TenantTokens
 from fleet_worker.turn_trace import TurnTrace
 
