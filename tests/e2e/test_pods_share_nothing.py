@@ -21,6 +21,7 @@ from tests.e2e.conftest import REPO, fleet, stop, wait_ready, work_dir
 from tests.e2e.sse import TurnStream, post_turn
 from tests.support.s3 import S3Server
 from tests.support.servers import RedisServer, free_port
+from tests.support.session_rows import rows_naming
 
 pytestmark = pytest.mark.e2e
 CSV = b"name,colour\nada,blue\nbob,green\n"
@@ -33,6 +34,7 @@ class Pods:
     workers: dict[str, subprocess.Popen[bytes]]
     folders: dict[str, Path]
     store: S3Server
+    env: dict[str, str]
 
     def worker_that_ran(self, run_id: str) -> str:
         """Which worker's log names the Run (its claim is logged with the run id)."""
@@ -77,7 +79,7 @@ def pods(postgres_url: str) -> Iterator[Pods]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, [gateway, *workers.values()])
-        yield Pods(url, gateway, workers, folders, store)
+        yield Pods(url, gateway, workers, folders, store, env)
     finally:
         stop([gateway, *workers.values()])
         store.stop()
@@ -153,3 +155,67 @@ def test_a_session_travels_between_pods_through_the_store_alone(pods: Pods) -> N
     # Nothing durable stayed on a pod's own disk: the gateway's folder never saw a workspace.
     assert not (pods.folders["gateway"] / ".fleet" / "workspaces").exists()
     assert any(key.startswith("fleet/workspaces/") for key in pods.store.keys("fleet/"))
+
+
+def test_a_deleted_session_leaves_no_row_or_object_behind(pods: Pods, postgres_url: str) -> None:
+    """DELETE on the gateway pod: the session's rows and its artifact go at once; `fleet gc` (run
+    as an operator runs it, from a folder of its own) then removes its own attachment's bytes and
+    the workspace contents only it held."""
+    with httpx.Client(base_url=pods.url, timeout=60) as client:
+        upload = client.post(
+            "/api/attachments",
+            files={"attachment": ("data.csv", CSV, "text/csv")},
+            headers={"x-requested-with": "e2e"},
+        )
+        attachment = upload.json()["id"]
+        created = client.post("/api/sessions", json={"title": "to delete"}).json()
+        session, workspace = created["id"], created["workspace_id"]
+        learned, _ = turn(client, session, "learn", "d1", attachment_ids=[attachment])
+        recalled, answer = turn(client, session, "recall only here", "d2")
+        assert answer == "rows=2"
+        feedback = client.post(
+            f"/api/sessions/{session}/traces/feedback", json={"run_id": recalled, "rating": "up"}
+        )
+        assert feedback.status_code == 201, feedback.text
+        turns = client.get(f"/api/sessions/{session}/turns").json()["items"]
+        [artifact] = [
+            p["data"]["artifact_id"] for t in turns for p in t["parts"] if p["type"] == "data-artifact"
+        ]
+        only_here = hashlib.sha256(b"rows=2;recalled only here").hexdigest()
+        held = {
+            f"fleet/artifacts/{artifact}",
+            f"fleet/attachments/{attachment}",
+            f"fleet/workspaces/{only_here}",
+        }
+        assert held <= set(pods.store.keys("fleet/"))
+
+        before = rows_naming(postgres_url, session, workspace, [learned, recalled])
+        assert all(before.values()) and before["turns"] == 4 and before["runs"] == 2, before
+        deleted = client.delete(f"/api/sessions/{session}")
+        assert deleted.status_code == 204, deleted.text
+        for route in (f"/api/sessions/{session}", f"/api/sessions/{session}/turns", f"/api/runs/{learned}"):
+            assert client.get(route).status_code == 404, route
+        assert client.get(f"/api/artifacts/{artifact}/content").status_code == 404
+        assert client.get("/api/files", params={"session_id": session}).status_code == 404
+
+    counts = rows_naming(postgres_url, session, workspace, [learned, recalled])
+    assert counts == dict.fromkeys(counts, 0), counts
+    left = set(pods.store.keys("fleet/"))
+    assert f"fleet/artifacts/{artifact}" not in left
+    # The attachment's bytes and the content-addressed workspace files are the gc's to remove.
+    assert {f"fleet/attachments/{attachment}", f"fleet/workspaces/{only_here}"} <= left
+
+    folder = work_dir("pod-gc")
+    gc = subprocess.run(
+        fleet("gc", "--grace-seconds", "0"),
+        check=False,
+        env=pods.env,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    left = set(pods.store.keys("fleet/"))
+    assert not {f"fleet/attachments/{attachment}", f"fleet/workspaces/{only_here}"} & left, gc.stdout
+    subprocess.run(["rm", "-rf", str(folder)], check=False)

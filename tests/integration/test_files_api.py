@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from fleet_gateway.routes.files import MAX_LIST, MAX_TREE_ENTRIES, timestamp
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import ResolvedBlobs, Settings, load_settings
 from fleet_shared.db.engine import create_engine, run_whole, session_factory
-from fleet_shared.db.models import Artifact, Workspace, utcnow
+from fleet_shared.db.models import Artifact, Attachment, Workspace, utcnow
 from fleet_shared.db.queries import Claimed, claim_turn
 from fleet_shared.db.workspace_versions import WorkspaceChange, record_on
 from fleet_shared.manifests import FileEntry, Manifest, object_key
@@ -109,13 +109,15 @@ def record_version(
     return asyncio.run(run())
 
 
-def add_run(settings: Settings, session_id: str, key: str) -> str:
-    """A queued Run in the session (its user Turn claimed, as the gateway does)."""
+def add_run(settings: Settings, session_id: str, key: str, attachment_ids: Sequence[str] = ()) -> str:
+    """A queued Run in the session (its user Turn claimed, as the gateway does), its user Turn
+    naming these attachments."""
 
     async def claim() -> str:
         engine = create_engine(settings.database_url)
         try:
             async with session_factory(engine)() as db:
+                attached = [await db.get(Attachment, attachment_id) for attachment_id in attachment_ids]
                 claimed = await claim_turn(
                     db,
                     caller=OPERATOR,
@@ -124,6 +126,7 @@ def add_run(settings: Settings, session_id: str, key: str) -> str:
                     fingerprint="f",
                     text="hi",
                     model="m",
+                    attachments=[a for a in attached if a is not None],
                 )
         finally:
             await engine.dispose()

@@ -37,6 +37,9 @@ def in_tokens_mode(settings: Settings, tokens: Path) -> Settings:
     return msgspec.structs.replace(settings, profile=profile, tokens_file=tokens)
 
 
+DELETE_SESSION = ("DELETE", "/api/sessions/{session_id}")
+
+
 def case(method: str, path: str, ids: dict[str, str]) -> tuple[str, dict[str, Any]]:
     """The request for one operation with these ids: a body and parameters that pass validation,
     so only scoping can refuse it."""
@@ -45,6 +48,7 @@ def case(method: str, path: str, ids: dict[str, str]) -> tuple[str, dict[str, An
     cases: dict[tuple[str, str], dict[str, Any]] = {
         ("GET", "/api/sessions/{session_id}"): {},
         ("PATCH", "/api/sessions/{session_id}"): {"json": {"title": "taken over"}},
+        ("DELETE", "/api/sessions/{session_id}"): {},
         ("GET", "/api/sessions/{session_id}/task"): {},
         ("POST", "/api/sessions/{session_id}/fork"): {"json": {}},
         ("GET", "/api/sessions/{session_id}/turns"): {},
@@ -156,7 +160,8 @@ async def test_every_route_hides_another_tenants_and_another_users_resources(
             for outsider in (carol, bob):
                 assert await answer(outsider, method, path, mine) == absent, (method, path)
                 checked += 1
-            if (method, path) != ("POST", "/api/sessions/{session_id}/turns"):  # a live stream
+            # The owner's Turn would be a live stream, and its DELETE would end the matrix: last.
+            if (method, path) not in (("POST", "/api/sessions/{session_id}/turns"), DELETE_SESSION):
                 owner = await answer(alice, method, path, mine)
                 assert owner[0] < 400, (method, path, owner)
             reader = await answer(dave, method, path, mine)
@@ -187,3 +192,8 @@ async def test_every_route_hides_another_tenants_and_another_users_resources(
         assert (await client.get("/api/settings", headers=auth(alice))).status_code == 403
         assert (await client.get("/api/skills", headers=auth(carol))).status_code == 200
         assert (await client.get("/api/sessions", headers=auth("not-a-token"))).status_code == 401
+
+        # Last, the owner's DELETE: from then on the session is as unknown to her as a made-up id.
+        assert (await answer(alice, *DELETE_SESSION, mine))[0] == 204
+        unknown_session = await answer(alice, "GET", "/api/sessions/{session_id}", unknown)
+        assert (await answer(alice, "GET", "/api/sessions/{session_id}", mine)) == unknown_session

@@ -118,6 +118,11 @@ export class FleetApi {
     return this.json("PATCH", `/api/sessions/${enc(id)}`, { title });
   }
 
+  /** Deletes the session and everything of it (the gateway answers 204). */
+  async deleteSession(id: string): Promise<void> {
+    await this.request("DELETE", `/api/sessions/${enc(id)}`);
+  }
+
   historyPage(id: string, afterSequence: number, limit = 200): Promise<HistoryPage> {
     return this.json("GET", `/api/sessions/${enc(id)}/turns?${query({ limit, after_sequence: afterSequence })}`);
   }

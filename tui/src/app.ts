@@ -194,14 +194,14 @@ export class App {
     return undefined;
   }
 
-  /** Runs what was typed. Anything typed while /new or /resume is switching sessions waits for
+  /** Runs what was typed. Anything typed while /new, /resume or /delete switches sessions waits for
    * the switch (chained here, synchronously, in the order it was typed), so it reaches the new
    * session and its output is not cleared with the old one's. */
   private submit(line: string): void {
     const command = parseCommand(line);
     if (line.trim()) this.editor.addToHistory(line);
     const run = this.switching.then(() => this.dispatch(command));
-    if (command.kind === "new" || command.kind === "resume") this.switching = run.then(noop, noop);
+    if (command.kind === "new" || command.kind === "resume" || command.kind === "delete") this.switching = run.then(noop, noop);
     run.then(noop, (error: unknown) => this.notice(`${line.trim().split(/\s/)[0]} failed`, [describeError(error)], "error")).finally(() => this.refresh());
   }
 

@@ -7,6 +7,7 @@ export type Command =
   | { readonly kind: "sessions"; readonly search?: string }
   | { readonly kind: "resume"; readonly sessionId: string }
   | { readonly kind: "rename"; readonly title: string }
+  | { readonly kind: "delete"; readonly sessionId: string }
   | { readonly kind: "task" }
   | { readonly kind: "cancel" }
   | { readonly kind: "exit" }
@@ -28,6 +29,7 @@ export const COMMAND_HELP: readonly (readonly [string, string])[] = [
   ["/sessions [search]", "list sessions, newest first"],
   ["/resume <id>", "continue a session and load its history"],
   ["/rename <title>", "rename this session"],
+  ["/delete <id>", "delete a session and all it holds (8+ characters of its id confirm it)"],
   ["/task", "this session's goal and progress checkpoint"],
   ["/cancel", "cancel the running Turn (also Esc, or Ctrl+C)"],
   ["/skills [query]", "list skill cards"],
@@ -61,6 +63,9 @@ export function parseCommand(line: string): Command {
       return rest && !/\s/.test(rest) ? { kind: "resume", sessionId: rest } : invalid("usage: /resume <session id>");
     case "rename":
       return rest ? { kind: "rename", title: rest } : invalid("usage: /rename <title>");
+    case "delete":
+      // The id is the confirmation: at least its first 8 characters, never a stray key or two.
+      return rest.length >= 8 && !/\s/.test(rest) ? { kind: "delete", sessionId: rest } : invalid("usage: /delete <session id> (its first 8 characters or more confirm it; /sessions lists them)");
     case "task":
       return none({ kind: "task" });
     case "cancel":

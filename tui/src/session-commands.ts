@@ -29,6 +29,16 @@ export async function runCommand(app: App, command: Extract<Command, { kind: Han
       if (!known.some((id) => id.startsWith(command.sessionId))) known = (await app.api.listSessions(undefined, 100)).items.map((s) => s.id);
       return app.openSession(resolveId(command.sessionId, known, "session"));
     }
+    case "delete": {
+      let known = app.lastListedSessions;
+      const sessions = app.sessionId ? [app.sessionId, ...known] : known;
+      if (!sessions.some((id) => id.startsWith(command.sessionId))) known = (await app.api.listSessions(undefined, 100)).items.map((s) => s.id);
+      const id = resolveId(command.sessionId, [...new Set([...sessions, ...known])], "session");
+      await app.api.deleteSession(id);
+      app.lastListedSessions = app.lastListedSessions.filter((listed) => listed !== id);
+      if (id === app.sessionId) await app.newSession();
+      return app.notice(`deleted session ${id}`, ["its Turns, Runs, files and artifacts are gone"], "success");
+    }
     case "rename": {
       const session = await app.api.renameSession(requireSession(app), command.title);
       app.sessionTitle = session.title;

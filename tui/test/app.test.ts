@@ -34,6 +34,7 @@ function fakeGateway(options: { abortOnCancel: boolean }) {
     }
     if (method === "GET" && path === "/api/sessions/session-2-abcdef") return json({ id: "session-2-abcdef", title: "older", status: "idle" });
     if (method === "GET" && path === "/api/sessions/session-2-abcdef/turns") return json({ items: [], next_after_sequence: null });
+    if (method === "DELETE" && /^\/api\/sessions\/session-(1|2-abcdef)$/.test(path)) return new Response(null, { status: 204 });
     if (method === "POST" && /^\/api\/sessions\/[^/]+\/turns$/.test(path)) {
       const body = new ReadableStream<Uint8Array>({
         start(controller) {
@@ -162,6 +163,25 @@ test("/resume takes any unique prefix of a session id, listed or not", async () 
   await exited;
 });
 
+
+test("/delete takes a session id's prefix; deleting the current session starts a new one", async () => {
+  const { calls, term, exited } = await open(true);
+  term.type("/delete session-2");
+  term.type("\r");
+  await term.waitFor("the older session's deletion", (s) => s.includes("deleted session session-2-abcdef"), 5_000);
+  assert.ok(!calls.includes("POST /api/sessions/session-new/turns") && calls.filter((c) => c === "POST /api/sessions").length === 1);
+  term.type("/delete session-1");
+  term.type("\r");
+  term.type("go slow");
+  term.type("\r");
+  await term.waitFor("a new session, then the Turn in it", (s) => s.includes("Thinking slowly."), 5_000);
+  assert.deepEqual(calls.filter((c) => c.startsWith("DELETE")), ["DELETE /api/sessions/session-2-abcdef", "DELETE /api/sessions/session-1"]);
+  assert.deepEqual(calls.filter((c) => c.endsWith("/turns") && c.startsWith("POST")), ["POST /api/sessions/session-new/turns"]);
+  term.type(ESC);
+  await term.waitFor("the abort", (s) => s.includes("■ Turn cancelled"), 5_000);
+  term.type(CTRL_C);
+  await exited;
+});
 
 test("a prompt typed while /new is still creating the session goes to the new session", async () => {
   const { calls, term, exited } = await open(true);

@@ -9,7 +9,7 @@ import os
 import sys
 from datetime import UTC, datetime, timedelta
 
-from fleet_shared.blob_gc import Collected, Collector, collect_once
+from fleet_shared.blob_gc import Collected, Collector, collect_once, session_ttl
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db.engine import create_engine, dispose_engine, session_factory
@@ -50,6 +50,8 @@ async def collect(settings: Settings, *, older_than: datetime, dry_run: bool, lo
         older_than=older_than,
         dry_run=dry_run,
         on_removed=print_would_remove if dry_run else None,
+        session_ttl=session_ttl(settings.profile.storage),
+        redis=redis,
     )
     try:
         return await collect_once(redis, settings.profile.worker.queue_name, collector)
@@ -74,6 +76,9 @@ def report(collected: Collected) -> str:
     ]
     freed = "would free" if collected.dry_run else "freed"
     line = f"fleet gc: {verb} {', '.join(parts)}; {freed} {collected.freed_bytes} bytes"
+    if collected.sessions or collected.sessions_expired:
+        expired = f"{collected.sessions_expired} idle past the TTL"
+        line += f"; {verb} {collected.sessions} deleted session(s) ({expired})"
     if collected.unknown_keys:
         line += f"; left {collected.unknown_keys} object(s) whose names fleet does not make"
     return line

@@ -1,17 +1,21 @@
-"""Cancelling a Run: at once while it is queued, by flag and notice while a worker runs it."""
+"""Cancelling a Run: at once while it is queued, by flag and notice while a worker runs it; and
+deleting a session, which cancels its active Run first."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Literal
 
 import structlog
 from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.state import GatewayState
 from fleet_shared import redis_keys
-from fleet_shared.db import queries, runs
+from fleet_shared.db import purge, queries, runs
 from fleet_shared.db.models import Run
+from fleet_shared.db.purge import Purged
 from fleet_shared.event_log import control_channel
 from fleet_shared.metrics import count_cancel
 from fleet_shared.recovery import publish_ending
@@ -19,6 +23,7 @@ from fleet_shared.run_state import RunStatus, is_terminal
 
 log = structlog.get_logger(__name__)
 CancelState = Literal["requested", "already_requested", "already_terminal"]
+DELETE_WAIT_SECONDS = 10.0  # a DELETE waits this long for its cancelled Run to end
 
 
 async def request_cancellation(gw: GatewayState, db: AsyncSession, run: Run) -> CancelState:
@@ -58,3 +63,40 @@ async def cancel_queued(gw: GatewayState, db: AsyncSession, run_id: str) -> bool
         # stream finds the ending in the DB.
         log.warning("run.cancel_not_announced", run_id=run_id, error_type=type(exc).__name__)
     return True
+
+
+async def delete_session(gw: GatewayState, db: AsyncSession, session_id: str) -> Purged | None:
+    """Mark the session deleted (from then on every lookup of it is a 404 and no Turn is claimed
+    in it), cancel its active Run, and remove its rows once that Run has ended: here within
+    DELETE_WAIT_SECONDS, or else at a later sweep. What was removed, or None when that is left to
+    the sweep."""
+    active = await purge.mark_deleted(db, session_id)
+    if active is not None:
+        try:
+            await request_cancellation(gw, db, active)
+        except (RedisError, OSError) as exc:  # the deletion stands; the Run ends on its own
+            log.warning("session.delete_cancel_failed", run_id=active.id, error_type=type(exc).__name__)
+        await db.commit()
+        if not await ended_within(db, active.id, DELETE_WAIT_SECONDS):
+            log.info("session.delete_deferred", session_id=session_id, run_id=active.id)
+            return None
+    try:
+        return await purge.purge_session(gw.db_sessions, gw.redis, gw.blobs, session_id)
+    except SQLAlchemyError as exc:  # marked deleted all the same: the gc's next pass removes it
+        log.warning("session.delete_deferred", session_id=session_id, error_type=type(exc).__name__)
+        return None
+
+
+async def ended_within(db: AsyncSession, run_id: str, seconds: float) -> bool:
+    """Whether the Run is terminal within `seconds`, read again at a growing interval."""
+    loop = asyncio.get_running_loop()
+    deadline, pause = loop.time() + seconds, 0.02
+    while True:
+        found = await queries.get_run(db, run_id)
+        await db.commit()  # each read sees the latest commit
+        if found is None or is_terminal(found.status):
+            return True
+        if loop.time() + pause > deadline:
+            return False
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.5)

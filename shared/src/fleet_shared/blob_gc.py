@@ -1,6 +1,8 @@
 """Garbage collection: what the blob store and the manifests table hold that nothing refers to.
 
 It removes, in this order:
+0. sessions: those idle past `storage.session_ttl_days` are marked deleted, and every deleted
+   session without an active Run is purged (fleet_shared.db.purge), which frees what follows;
 1. manifest rows no workspace version refers to (versions go when a commit drops the oldest;
    see `storage.workspace_versions_kept`);
 2. `workspaces/<sha256>` objects that no remaining manifest names;
@@ -43,7 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from fleet_shared import redis_keys
 from fleet_shared.blobs import ARTIFACTS, ATTACHMENTS, BlobStore, StoredObject
 from fleet_shared.config_file import StorageSection
-from fleet_shared.db import workspace_versions
+from fleet_shared.db import purge, workspace_versions
 from fleet_shared.db.models import Artifact, Attachment
 from fleet_shared.ids import parse_uuid
 from fleet_shared.manifests import OBJECT_PREFIX
@@ -76,6 +78,8 @@ class Collected:
     """What one gc removed (or, in a dry run, would remove)."""
 
     dry_run: bool
+    sessions_expired: int = 0  # idle past storage.session_ttl_days (marked deleted)
+    sessions: int = 0  # deleted sessions purged
     manifests: int = 0
     workspace_objects: Removed = field(default_factory=Removed)
     attachments: Removed = field(default_factory=Removed)
@@ -92,6 +96,8 @@ class Collected:
         return {
             "dry_run": self.dry_run,
             "finished": self.finished,
+            "sessions_expired": self.sessions_expired,
+            "sessions": self.sessions,
             "manifests": self.manifests,
             "workspace_objects": self.workspace_objects.count,
             "workspace_bytes": self.workspace_objects.bytes,
@@ -122,9 +128,13 @@ class Collector:
         dry_run: bool = False,
         on_removed: Listener | None = None,
         should_stop: Callable[[], bool] = lambda: False,
+        session_ttl: timedelta | None = None,
+        redis: Redis | None = None,
     ) -> None:
         self.db_sessions = db_sessions
         self.blobs = blobs
+        self.session_ttl = session_ttl  # None: sessions never expire
+        self.redis = redis  # for a purged Run's keys (without it they expire on their own)
         self.older_than = older_than
         self.on_removed = on_removed or (lambda key, size: None)
         self.should_stop = should_stop
@@ -134,6 +144,7 @@ class Collector:
     async def run(self) -> Collected:
         """One whole gc; what it removed. Stops early (finished=False) when asked to."""
         try:
+            await self.remove_sessions()
             await self.drop_manifests()
             referenced = await self.referenced_contents()
             await self.sweep_workspace_objects(referenced)
@@ -147,6 +158,19 @@ class Collector:
     def check_stop(self) -> None:
         if self.should_stop():
             raise Stopped
+
+    async def remove_sessions(self) -> None:
+        """Expire idle sessions, then purge the deleted ones (a dry run only counts them)."""
+        expired, purged = await purge.sweep_sessions(
+            self.db_sessions,
+            self.redis,
+            self.blobs,
+            ttl=self.session_ttl,
+            dry_run=self.collected.dry_run,
+            check_stop=self.check_stop,
+            on_removed=self.on_removed,
+        )
+        self.collected.sessions_expired, self.collected.sessions = expired, purged
 
     async def drop_manifests(self) -> None:
         after = ""
@@ -311,13 +335,24 @@ async def collect_on_schedule(
             if await redis.exists(redis_keys.gc_done(queue)):
                 continue
             older_than = datetime.now(UTC) - timedelta(seconds=storage.gc_grace_seconds)
-            collector = Collector(db_sessions, blobs, older_than=older_than, should_stop=stopping.is_set)
+            collector = Collector(
+                db_sessions,
+                blobs,
+                older_than=older_than,
+                should_stop=stopping.is_set,
+                session_ttl=session_ttl(storage),
+                redis=redis,
+            )
             collected = await collect_once(redis, queue, collector)
             if collected is not None and collected.finished:
                 quiet = max(1, int(interval * QUIET_SHARE))
                 await redis.set(redis_keys.gc_done(queue), "1", ex=quiet)
         except Exception as exc:  # never die: the next turn tries again
             log.warning("gc.failed", error_type=type(exc).__name__, error=str(exc))
+
+
+def session_ttl(storage: StorageSection) -> timedelta | None:
+    return timedelta(days=storage.session_ttl_days) if storage.session_ttl_days else None
 
 
 def add_digests(referenced: set[bytes], encoded: Sequence[str]) -> None:

@@ -182,6 +182,9 @@ class StorageSection(Section):
     gc_grace_seconds: Annotated[float, msgspec.Meta(ge=60, le=30 * 86_400, extra=FILE_ONLY)] = 3_600
     # How often each worker offers to run gc (one at a time across the deployment; 0: never).
     gc_interval_seconds: Annotated[float, msgspec.Meta(ge=0, le=7 * 86_400)] = 3_600
+    # A session neither changed nor given a Turn for this many days is deleted by the gc, like a
+    # DELETE (0: never). It decides what is deleted, so only the file on disk sets it.
+    session_ttl_days: Annotated[int, msgspec.Meta(ge=0, le=36_500, extra=FILE_ONLY)] = 0
 
 
 class WorkerSection(Section):

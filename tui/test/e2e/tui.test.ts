@@ -124,7 +124,7 @@ test("a stream cut mid-Turn is resumed without lost or repeated output", async (
   }
 });
 
-test("commands against the real gateway: sessions, resume, rename, task, skills, files, artifacts", async () => {
+test("commands against the real gateway: sessions, resume, rename, task, skills, files, artifacts, delete", async () => {
   // A finished Turn that wrote an artifact, from a first client.
   const first = await openClient(stack.url);
   first.term.type("write me a reply");
@@ -182,6 +182,12 @@ test("commands against the real gateway: sessions, resume, rename, task, skills,
     const sha256 = createHash("sha256").update(bytes).digest("hex");
     assert.ok(screen.includes(`32 B, sha256 ${sha256} (matches the ETag)`), screen);
     assert.equal(app.artifacts()[0]?.checksumSha256, sha256, "the sha the Turn announced");
+
+    // Last, the session goes: the client moves to a new one, and the old id is unknown.
+    await run(`/delete ${sessionId.slice(0, 8)}`, "the deletion", (s) => s.includes(`• deleted session ${sessionId}`));
+    assert.ok(app.sessionId && app.sessionId !== sessionId, "a new session after deleting the current one");
+    screen = await run(`/resume ${sessionId}`, "the refusal", (s) => s.includes("/resume failed"));
+    assert.match(screen.slice(screen.lastIndexOf("/resume failed")), /not found|no session/);
   } finally {
     app.exit(0);
     await exited;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,7 @@ from fleet_shared import redis_keys
 from fleet_shared.blob_gc import collect_on_schedule
 from fleet_shared.blobs import BlobStore, open_blob_store
 from fleet_shared.config import Settings
+from fleet_shared.db import purge
 from fleet_shared.db.engine import create_engine, dispose_engine, session_factory
 from fleet_shared.event_log import RunLog
 from fleet_shared.jobs import ArqJobQueue
@@ -29,6 +31,7 @@ from fleet_shared.tracing import shutdown_tracing
 from fleet_shared.workspaces import relocated_root
 from fleet_worker.cancels import CancelListener
 from fleet_worker.prices import PriceBook
+from fleet_worker.sandbox import leftovers
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.jail import local_sandbox_config
 from fleet_worker.sandbox.local import LocalSandboxProvider
@@ -179,14 +182,33 @@ async def sweep_daytona(deps: WorkerDeps) -> None:
 
 async def sweep_scratch_forever(deps: WorkerDeps, provider: LocalSandboxProvider) -> None:
     """Remove the child scratch folders whose removal failed or whose worker died (the start-up
-    sweep took those left before this worker started)."""
+    sweep took those left before this worker started), and the workspace folders of deleted
+    sessions."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(SCRATCH_SWEEP_SECONDS)
         try:
             await loop.run_in_executor(deps.sandbox_ops, provider.sweep_scratch)
+            await remove_deleted_workspaces(deps, provider)
         except Exception as exc:  # never die: the next round tries again
             log.warning("sandbox.scratch_sweep_failed", error_type=type(exc).__name__, error=str(exc))
+
+
+async def remove_deleted_workspaces(deps: WorkerDeps, provider: LocalSandboxProvider) -> int:
+    """The folders this worker keeps for workspaces the database no longer has, removed."""
+    root = provider.workspaces
+    if root is None:
+        return 0
+    loop = asyncio.get_running_loop()
+    names = await loop.run_in_executor(deps.sandbox_ops, leftovers.workspace_folders, root)
+    if not names:
+        return 0
+    async with deps.db_sessions() as db:
+        gone = sorted(set(names) - await purge.existing_workspaces(db, names))
+    if not gone:
+        return 0
+    remove = functools.partial(leftovers.remove_workspaces, root, gone, provider.warm_pool, provider.volumes)
+    return await loop.run_in_executor(deps.sandbox_ops, remove)
 
 
 async def announce_sandbox(redis: Redis, worker_id: str, mode: str) -> None:

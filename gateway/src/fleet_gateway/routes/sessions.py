@@ -1,15 +1,16 @@
-"""Sessions: create, list, read, rename or archive, fork, and the task checkpoint."""
+"""Sessions: create, list, read, rename or archive, delete, fork, and the task checkpoint."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import msgspec
-from litestar import Controller, get, patch, post
+from litestar import Controller, delete, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from fleet_gateway import cancellation
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.schemas import (
     MAX_INT32,
@@ -102,6 +103,20 @@ class SessionController(Controller):
         if updated is None:
             raise not_found("session")
         return SessionOut.of(updated, iso)
+
+    @delete("/{session_id:str}", status_code=204)
+    async def delete_session(
+        self,
+        db: NamedDependency[AsyncSession],
+        gw: NamedDependency[GatewayState],
+        caller: NamedDependency[Principal],
+        session_id: FromPath[str],
+    ) -> None:
+        """Delete the session: its Runs, events, history, feedback, artifacts, workspace versions,
+        and the attachments only it names (docs/api.md). From the answer on, every route of it is
+        404; an active Run is cancelled first, and the rows go once it has ended."""
+        session = await load_session(db, session_id, caller, write=True)
+        await cancellation.delete_session(gw, db, session.id)
 
     @get("/{session_id:str}/task")
     async def get_task(

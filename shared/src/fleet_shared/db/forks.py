@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db import workspace_versions
 from fleet_shared.db.engine import run_whole
-from fleet_shared.db.models import Run, Session, Turn, Workspace, utcnow
+from fleet_shared.db.models import DELETED, Run, Session, Turn, Workspace, utcnow
 from fleet_shared.ids import new_id
 from fleet_shared.run_state import ACTIVE_STATUSES
 from fleet_shared.tenancy import Principal
@@ -54,7 +54,7 @@ def fork_on(db: OrmSession, parent_id: str, title: str | None, owner: Principal)
     db.add(workspace)
     db.flush()  # the write that comes first (see above)
     parent = db.get(Session, parent_id)
-    if parent is None:
+    if parent is None or parent.status == DELETED:  # deleted after the caller's lookup
         db.rollback()
         return None
     source = db.get(Workspace, parent.workspace_id)

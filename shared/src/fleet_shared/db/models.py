@@ -61,6 +61,12 @@ class WorkspaceVersion(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+# Session.status: `active`, `archived` (no new Turns), or `deleted` (found by no lookup; its rows
+# go once it has no active Run: fleet_shared.db.purge).
+ACTIVE_SESSION = "active"
+DELETED = "deleted"
+
+
 class Session(Base):
     __tablename__ = "sessions"
     __table_args__ = (Index("ix_sessions_tenant_owner_created", "tenant_id", "owner_id", "created_at"),)

@@ -15,7 +15,9 @@ from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db.engine import sqlite_twin
 from fleet_shared.db.models import (
+    ACTIVE_SESSION,
     ACTIVE_SQL,
+    DELETED,
     Attachment,
     Run,
     RunEventRow,
@@ -63,19 +65,21 @@ async def create_session(db: AsyncSession, title: str, owner: Principal) -> Sess
 async def update_session(
     db: AsyncSession, session_id: str, *, title: str | None = None, status: str | None = None
 ) -> Session | None:
-    """Change the title and/or status; None when the session does not exist."""
-    # A claim reads the status in the statement that inserts its Run (insert_unless_archived): an
+    """Change the title and/or status; None when the session does not exist, or was deleted
+    (a conditional UPDATE: a PATCH racing a DELETE never brings the session back)."""
+    # A claim reads the status in the statement that inserts its Run (INSERT_RUN_IF_ACTIVE): an
     # archive committed first refuses the claim; one committed after orders after it.
-    session = await db.get(Session, session_id)
-    if session is None:
-        return None
+    changes: dict[str, object] = {"updated_at": utcnow()}
     if title is not None:
-        session.title = title
+        changes["title"] = title
     if status is not None:
-        session.status = status
-    session.updated_at = utcnow()
+        changes["status"] = status
+    live = and_(SESSIONS.c.id == session_id, SESSIONS.c.status != DELETED)
+    changed = await db.execute(SESSIONS.update().where(live).values(**changes))
     await db.commit()
-    return session
+    if not getattr(changed, "rowcount", 0):
+        return None
+    return await db.get(Session, session_id, populate_existing=True)
 
 
 def contains_pattern(text: str) -> str:
@@ -138,16 +142,20 @@ CLAIM_CONTEXT = (
         ),
     )
     .where(SESSIONS.c.id == bindparam("session_id"))
+    # On PostgreSQL the session row is held FOR SHARE until the claim commits: a DELETE (or the
+    # gc's expiry) that marks it waits for the claim, then sees its Run (SQLite's one writer
+    # orders them anyway; it renders no locking clause).
+    .with_for_update(read=True, of=SESSIONS)
 )
 # What a claim sets; the other columns stay SQL NULL (a JSON column given None would store `null`).
 CLAIMED_COLUMNS = (
     "id", "session_id", "status", "attempt", "idempotency_key", "request_fingerprint", "model",
     "user_sequence", "last_seq", "created_at", "traceparent",
 )  # fmt: skip
-INSERT_RUN_UNLESS_ARCHIVED = insert(RUNS).from_select(
+INSERT_RUN_IF_ACTIVE = insert(RUNS).from_select(
     list(CLAIMED_COLUMNS),
     select(*(bindparam(name, type_=RUNS.c[name].type) for name in CLAIMED_COLUMNS)).where(
-        SESSIONS.c.id == bindparam("session_id"), SESSIONS.c.status != "archived"
+        SESSIONS.c.id == bindparam("session_id"), SESSIONS.c.status == ACTIVE_SESSION
     ),
 )
 # The same, and only while the tenant has fewer than `limit` active Runs. On SQLite the INSERT
@@ -163,7 +171,7 @@ INSERT_RUN_WITHIN_QUOTA = insert(RUNS).from_select(
     list(CLAIMED_COLUMNS),
     select(*(bindparam(name, type_=RUNS.c[name].type) for name in CLAIMED_COLUMNS)).where(
         SESSIONS.c.id == bindparam("session_id"),
-        SESSIONS.c.status != "archived",
+        SESSIONS.c.status == ACTIVE_SESSION,
         bindparam("limit") > ACTIVE_IN_TENANT,
     ),
 )
@@ -189,7 +197,7 @@ def read_claim_context(connection: Connection, request: ClaimRequest) -> ClaimCo
     change reads as none: another tenant's is the same 404 as an unknown one."""
     key = request.idempotency_key
     rows = connection.execute(CLAIM_CONTEXT, {"session_id": request.session_id, "key": key}).all()
-    if not rows or not request.caller.may_change(rows[0][1], rows[0][2]):
+    if not rows or rows[0][0] == DELETED or not request.caller.may_change(rows[0][1], rows[0][2]):
         return ClaimContext(None, None, None, 0)
     runs = [run_of(row[4:]) for row in rows if row[4] is not None]
     return ClaimContext(
@@ -310,10 +318,12 @@ def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | Cla
         limits = {"tenant": request.caller.tenant, "limit": request.active_limit}
         inserted = connection.execute(INSERT_RUN_WITHIN_QUOTA, {**values, **limits})
     else:
-        inserted = connection.execute(INSERT_RUN_UNLESS_ARCHIVED, values)
-    if not getattr(inserted, "rowcount", 0):
-        archived = read_claim_context(connection, request).session_status == "archived"
-        return ClaimRefused("session_archived" if archived else "active_turns_quota")
+        inserted = connection.execute(INSERT_RUN_IF_ACTIVE, values)
+    if not getattr(inserted, "rowcount", 0):  # archived or deleted meanwhile, or over the quota
+        status = read_claim_context(connection, request).session_status
+        if status is None:
+            return ClaimRefused("unknown_session")
+        return ClaimRefused("session_archived" if status == "archived" else "active_turns_quota")
     connection.execute(
         INSERT_TURN,
         {

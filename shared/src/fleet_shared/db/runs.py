@@ -12,12 +12,12 @@ from typing import Any
 
 import msgspec
 import structlog
-from sqlalchemy import case, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db import workspace_versions
-from fleet_shared.db.models import Artifact, Run, RunEventRow, Session, Turn, utcnow
+from fleet_shared.db.models import DELETED, Artifact, Run, RunEventRow, Session, Turn, utcnow
 from fleet_shared.db.queries import get_run
 from fleet_shared.db.workspace_versions import WorkspaceChange
 from fleet_shared.events import ArtifactCreated, RunCancelled, RunEvent, RunFailed, encode_event, event_type
@@ -54,9 +54,10 @@ def decision_update(
     command: RunCommand,
     attempt: int | None,
     values: dict[str, Any] | None = None,
+    also: ColumnElement[bool] | None = None,
 ) -> bool:
     """The fenced UPDATE of a decided transition, on a synchronous session (the SQLite twin's, or
-    inside `run_sync`)."""
+    inside `run_sync`); `also`, one more condition it needs."""
     changes: dict[str, Any] = {"status": decision.target.value, **(values or {})}
     if decision.bumps_attempt:
         changes["attempt"] = Run.attempt + 1
@@ -67,15 +68,20 @@ def decision_update(
     query = update(Run).where(Run.id == run_id, Run.status.in_([s.value for s in decision.sources]))
     if attempt is not None:
         query = query.where(Run.attempt == attempt)
+    if also is not None:
+        query = query.where(also)
     result = db.execute(query.values(**changes).execution_options(synchronize_session=False))
     return bool(getattr(result, "rowcount", 0) == 1)
 
 
 def start_run_on(db: OrmSession, run_id: str) -> Run | None:
     """queued → running, bumping `attempt`, on a synchronous session (the worker runs it through
-    fleet_shared.db.engine.run_whole); None when the Run is not queued (a duplicate job)."""
+    fleet_shared.db.engine.run_whole); None when the Run is not queued (a duplicate job), or its
+    session was deleted (the purge removes it)."""
     start = RunCommand.START
-    moved = decision_update(db, run_id, decision=decide(RunStatus.QUEUED, start), command=start, attempt=None)
+    live = Run.session_id.in_(select(Session.id).where(Session.status != DELETED))
+    decision = decide(RunStatus.QUEUED, start)
+    moved = decision_update(db, run_id, decision=decision, command=start, attempt=None, also=live)
     db.commit()
     return db.get(Run, run_id, populate_existing=True) if moved else None
 

@@ -11,7 +11,7 @@ from sqlalchemy import ColumnElement, and_, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 
-from fleet_shared.db.models import Artifact, Attachment, Run, Session
+from fleet_shared.db.models import DELETED, Artifact, Attachment, Run, Session
 from fleet_shared.db.queries import contains_pattern
 from fleet_shared.tenancy import READ_ALL_SESSIONS, Principal
 
@@ -28,7 +28,8 @@ def visible_to(
 
 
 def sessions_of(principal: Principal, *, write: bool = False) -> ColumnElement[bool]:
-    return visible_to(principal, Session.tenant_id, Session.owner_id, write)
+    """A deleted session is found by no one (its rows are on their way out)."""
+    return and_(visible_to(principal, Session.tenant_id, Session.owner_id, write), Session.status != DELETED)
 
 
 async def get_session(

@@ -60,7 +60,7 @@ class LocalSandboxLease:
             (pool.take(workspace) or pool.start_early(self.make_session)) if pool is not None else None
         )
         if pool is not None:  # last: a lease that failed to be made is never counted
-            pool.lease_out()
+            pool.lease_out(workspace)
 
     def interpreter_factory(self) -> ReplSession:
         """A fresh REPL (started lazily by its first execute, or by start())."""
@@ -119,6 +119,13 @@ class LocalSandboxLease:
             if self._warm is not None:  # taken from the pool, never used: it goes down too
                 sessions.append(self._warm)
                 self._warm = None
+        try:
+            self._wind_down(sessions, idle)
+        finally:  # the folder is ours until here (a deleted session's is removed by the sweep)
+            if self._counted_by is not None:
+                self._counted_by.returned(self.workspace)
+
+    def _wind_down(self, sessions: list[ReplSession], idle: bool) -> None:
         for session in sessions:
             try:
                 session.shutdown()

@@ -172,6 +172,10 @@ class LocalSandboxProvider:
             return 0
         return sweep_scratch(self.workspaces, unmount=self.volumes.drop if self.volumes else None)
 
+    @property
+    def warm_pool(self) -> WarmPool:
+        return self._pool
+
     def acquire(
         self, workspace_id: str, run_id: str, session_id: str = "", manifest: Manifest | None = None
     ) -> LocalSandboxLease:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,16 +40,30 @@ class WarmPool:
         self._early = ThreadPoolExecutor(max_workers=EARLY_STARTERS, thread_name_prefix="fleet-sandbox-early")
         self._closed = False
         self._out = 0  # leases made and not yet released
+        self._held: Counter[Path] = Counter()  # leases by workspace, until their release ends
 
-    def lease_out(self) -> None:
+    def lease_out(self, workspace: Path) -> None:
         with self._lock:
             self._out += 1
+            self._held[workspace] += 1
 
     def lease_back(self) -> bool:
-        """A lease was released; True when it was the last one out (the worker is idle)."""
+        """A lease is being released; True when it was the last one out (the worker is idle)."""
         with self._lock:
             self._out = max(0, self._out - 1)
             return self._out == 0
+
+    def returned(self, workspace: Path) -> None:
+        """A lease's release is over: nothing of it touches the workspace's folder any more."""
+        with self._lock:
+            self._held[workspace] -= 1
+            if self._held[workspace] <= 0:
+                del self._held[workspace]
+
+    def leased(self, workspace: Path) -> bool:
+        """Whether a lease of this worker holds the workspace (or is still releasing it)."""
+        with self._lock:
+            return workspace in self._held
 
     def holds(self, workspace: Path) -> bool:
         """Whether a warm REPL is waiting for the workspace."""
