@@ -329,3 +329,31 @@ def test_a_turn_on_postgresql(postgres_stack: Stack, node_check: Path) -> None:
     assert [m["role"] for m in history] == ["user", "assistant"]
     for alias in ("ai6", "ai7"):
         ai_sdk_parse(node_check, alias, stream.raw)
+
+
+def test_a_background_turn_answers_202_and_its_stream_is_read_later(demo_stack: Stack) -> None:
+    """`Prefer: respond-async`: 202 with the Run's id and `Location`, no stream; the Turn runs all
+    the same, and its stream (and the history) are there afterwards. The key replays as 202."""
+    session_id = new_session(demo_stack)
+    with demo_stack.client() as client:
+        headers = {"Idempotency-Key": "bg-1", "Prefer": "wait=5, respond-async"}
+        accepted = client.post(
+            f"/api/sessions/{session_id}/turns", json={"text": "count my words"}, headers=headers
+        )
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        assert accepted.json() == {"run_id": run_id, "session_id": session_id, "replayed": False}
+        assert accepted.headers["location"] == f"/api/runs/{run_id}"
+        assert accepted.headers["preference-applied"] == "respond-async"
+        assert not accepted.headers["content-type"].startswith("text/event-stream")
+        with client.stream("GET", accepted.headers["location"] + "/stream") as response:
+            frames = response.read().decode()
+        assert '"type":"text-delta"' in frames and frames.endswith("data: [DONE]\n\n")
+        assert client.get(f"/api/runs/{run_id}").json()["status"] == "completed"
+        again = client.post(
+            f"/api/sessions/{session_id}/turns", json={"text": "count my words"}, headers=headers
+        )
+        assert (
+            again.status_code == 202 and again.json()["replayed"] is True and again.json()["run_id"] == run_id
+        )
+        assert len(client.get(f"/api/sessions/{session_id}/turns").json()["items"]) == 2

@@ -167,6 +167,14 @@ class UIMessage(msgspec.Struct, frozen=True, kw_only=True):
         return cls(id=message_id, role=turn.role, parts=turn.parts, metadata=metadata)  # type: ignore[arg-type]
 
 
+class TurnAccepted(msgspec.Struct, frozen=True, kw_only=True):
+    """A Turn accepted with `Prefer: respond-async`: its Run, to read or stream later."""
+
+    run_id: str
+    session_id: str
+    replayed: bool  # the Idempotency-Key had made this Run before
+
+
 class TurnPage(msgspec.Struct, frozen=True):
     items: list[UIMessage]
     next_after_sequence: int | None

@@ -7,9 +7,10 @@ import time
 from typing import Annotated, assert_never
 
 import structlog
-from litestar import Controller, get, post
+from litestar import Controller, Response, get, post
 from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency
+from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, HeaderParameter, JSONBody, QueryParameter
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -18,7 +19,7 @@ from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.litestar_compat import EventStream
 from fleet_gateway.quotas import counted_refusal, over_active_turns
 from fleet_gateway.routes.sessions import load_session
-from fleet_gateway.schemas import MAX_INT32, TurnPage, TurnRequest, UIMessage
+from fleet_gateway.schemas import MAX_INT32, TurnAccepted, TurnPage, TurnRequest, UIMessage
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
 from fleet_shared.config_file import QuotaLimits
@@ -53,6 +54,16 @@ TraceParent = Annotated[
 ]
 # Litestar validates it (a 422 `validation_error` in the envelope): 1-128 printable ASCII
 # characters, not all of them spaces.
+Prefer = Annotated[
+    str | None,
+    HeaderParameter(
+        name="Prefer",
+        required=False,
+        max_length=1024,
+        description="`respond-async` (RFC 7240): answer 202 with the Run's id and `Location`, and no "
+        "stream; the stream stays at `GET /api/runs/{id}/stream`",
+    ),
+]
 IdempotencyKey = Annotated[
     str,
     HeaderParameter(
@@ -131,6 +142,15 @@ class TurnController(Controller):
                 documentation_only=True,
             ),
         ],
+        responses={
+            202: ResponseSpec(
+                data_container=TurnAccepted,
+                generate_examples=False,
+                description="with `Prefer: respond-async`: the Turn was accepted (or, with a key already "
+                "used, is the Run it made); no stream. `Location` names the Run (`/api/runs/{id}`), as "
+                "does `X-Fleet-Run-ID`.",
+            )
+        },
     )
     async def submit_turn(
         self,
@@ -141,7 +161,8 @@ class TurnController(Controller):
         data: JSONBody[TurnRequest],
         idempotency_key: IdempotencyKey,
         traceparent: TraceParent = None,
-    ) -> EventStream:
+        prefer: Prefer = None,
+    ) -> EventStream | Response[TurnAccepted]:
         key = idempotency_key
         check_request(data, gw.settings.profile.gateway.limits.max_text_chars)
         # Plain strings from here on: a lost race rolls the DB session back, expiring ORM objects.
@@ -195,6 +216,15 @@ class TurnController(Controller):
                 with child_span("turn.enqueue", submit):
                     await enqueue(gw, run)
                 timing += f", enqueue;dur={(time.perf_counter() - claimed) * 1000:.3f}"
+        if responds_async(prefer):
+            accepted = TurnAccepted(run_id=run.id, session_id=session_id, replayed=not outcome.created)
+            headers = {
+                "Location": f"/api/runs/{run.id}",
+                "Preference-Applied": "respond-async",
+                "X-Fleet-Run-ID": run.id,
+                "Server-Timing": timing,
+            }
+            return Response(accepted, status_code=202, headers=headers, media_type="application/json")
         settled = is_terminal(run.status)  # a replayed settled Run
         body = stream_run(
             gw.stream_deps,
@@ -238,6 +268,13 @@ class TurnController(Controller):
         ]
         more = len(rows) == limit
         return TurnPage(items, rows[-1].sequence if more and rows else None)
+
+
+def responds_async(prefer: str | None) -> bool:
+    """Whether a `Prefer` header asks for `respond-async` (a comma-separated list, RFC 7240)."""
+    return prefer is not None and any(
+        part.split(";", 1)[0].strip().lower() == "respond-async" for part in prefer.split(",")
+    )
 
 
 def refusal(outcome: queries.ClaimRefused, limits: QuotaLimits) -> ApiError:
