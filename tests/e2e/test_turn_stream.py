@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import SECRET_SENTINEL, Stack, ai_sdk_parse
-from tests.e2e.sse import TurnStream, post_turn
+from tests.e2e.sse import TurnStream, parse_frames, post_turn
 
 pytestmark = pytest.mark.e2e
 
@@ -357,3 +357,57 @@ def test_a_background_turn_answers_202_and_its_stream_is_read_later(demo_stack: 
             again.status_code == 202 and again.json()["replayed"] is True and again.json()["run_id"] == run_id
         )
         assert len(client.get(f"/api/sessions/{session_id}/turns").json()["items"]) == 2
+
+
+def test_a_follow_up_that_interrupts_cancels_the_running_turn_mid_cell_then_runs(demo_stack: Stack) -> None:
+    """`multitask: interrupt` while the demo's slow Turn sleeps in a cell: the slow Turn's stream
+    ends with `abort`, the follow-up streams its own answer, and the history keeps both. The
+    default (`reject`) is the 409 it always was."""
+    import threading
+
+    session_id = new_session(demo_stack)
+    in_cell = threading.Event()
+    slow: dict[str, bytes] = {}
+
+    def run_slow() -> None:
+        with (
+            demo_stack.client() as client,
+            client.stream(
+                "POST",
+                f"/api/sessions/{session_id}/turns",
+                json={"text": "Run a slow task"},
+                headers={"Idempotency-Key": "slow-1"},
+            ) as response,
+        ):
+            raw = b""
+            for piece in response.iter_bytes():
+                raw += piece
+                if b'"toolCallId":"cell-2"' in raw:  # step 1's cell sleeps 2.5 s
+                    in_cell.set()
+            slow["raw"] = raw
+
+    reader = threading.Thread(target=run_slow)
+    reader.start()
+    try:
+        assert in_cell.wait(60), "the slow Turn never reached its second cell"
+        with demo_stack.client() as client:
+            refused = client.post(
+                f"/api/sessions/{session_id}/turns",
+                json={"text": "hello"},
+                headers={"Idempotency-Key": "f-1"},
+            )
+            assert refused.status_code == 409 and refused.json()["code"] == "turn_in_progress"
+            follow_up = post_turn(client, session_id, "hello there", "f-2", multitask="interrupt")
+            history = client.get(f"/api/sessions/{session_id}/turns").json()["items"]
+    finally:
+        reader.join(60)
+    assert_well_formed(follow_up)
+    assert follow_up.chunks[-1]["type"] == "finish" and follow_up.of_type("text-delta")
+    cut = parse_frames(slow["raw"])
+    assert json.loads(cut[-2][1])["type"] == "abort"  # then [DONE]
+    assert [(t["role"], t["metadata"]["status"]) for t in history] == [
+        ("user", "completed"),
+        ("assistant", "cancelled"),
+        ("user", "completed"),
+        ("assistant", "completed"),
+    ]

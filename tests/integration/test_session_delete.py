@@ -163,7 +163,7 @@ def test_an_active_run_is_cancelled_first_and_a_run_that_outlasts_the_wait_is_pu
     running = session_row(client)
     run = add_run(settings, running["id"], "k1")
     on_db(settings, lambda db: set_running(db, run))
-    monkeypatch.setattr(fleet_gateway.cancellation, "DELETE_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(fleet_gateway.cancellation, "CANCEL_WAIT_SECONDS", 0.2)
     assert client.delete(f"/api/sessions/{running['id']}").status_code == 204
     assert client.get(f"/api/sessions/{running['id']}").status_code == 404
     assert count(settings, Run, Run.id == run) == 1  # its worker has not ended it yet

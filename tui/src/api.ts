@@ -29,6 +29,8 @@ export interface TurnBody {
   readonly text: string;
   readonly attachment_ids: readonly string[];
   readonly skill_selections: readonly SkillSelection[];
+  /** `interrupt`: cancel the session's running Turn and run this one (the default rejects it). */
+  readonly multitask?: "interrupt";
 }
 
 export interface AttachmentInfo {

@@ -210,6 +210,9 @@ export class App {
       case "prompt":
         if (command.text) await this.prompt(command.text);
         return;
+      case "interrupt":
+        await this.prompt(command.text, true);
+        return;
       case "exit":
         this.exit(0);
         return;
@@ -221,16 +224,23 @@ export class App {
     }
   }
 
-  private async prompt(text: string): Promise<void> {
-    if (this.active) {
-      this.notice("a Turn is still running: wait for it, or press Esc to cancel it", [], "error");
+  /** Sends a Turn; with `interrupt`, one that cancels the running Turn on the server (whose
+   * stream then ends with its abort) and takes its place. */
+  private async prompt(text: string, interrupt = false): Promise<void> {
+    if (this.active && !interrupt) {
+      this.notice("a Turn is still running: wait for it, cancel it (Esc), or send /interrupt <text>", [], "error");
       return;
     }
     if (!this.sessionId) {
       this.notice("no session yet: /new or /resume <id>", [], "error");
       return;
     }
-    const body = { text, attachment_ids: this.pendingAttachments.map((a) => a.id), skill_selections: this.skills.map(({ id, expected_version }) => ({ id, expected_version })) };
+    const body = {
+      text,
+      attachment_ids: this.pendingAttachments.map((a) => a.id),
+      skill_selections: this.skills.map(({ id, expected_version }) => ({ id, expected_version })),
+      ...(interrupt ? { multitask: "interrupt" as const } : {}),
+    };
     const component = this.addTurn(emptyTurn(text));
     const active: ActiveTurn = { abort: new AbortController(), component, cancelRequested: false };
     this.active = active;

@@ -35,6 +35,18 @@ function fakeGateway(options: { abortOnCancel: boolean }) {
     if (method === "GET" && path === "/api/sessions/session-2-abcdef") return json({ id: "session-2-abcdef", title: "older", status: "idle" });
     if (method === "GET" && path === "/api/sessions/session-2-abcdef/turns") return json({ items: [], next_after_sequence: null });
     if (method === "DELETE" && /^\/api\/sessions\/session-(1|2-abcdef)$/.test(path)) return new Response(null, { status: 204 });
+    if (method === "POST" && /^\/api\/sessions\/[^/]+\/turns$/.test(path) && String(init?.body).includes('"multitask":"interrupt"')) {
+      turn?.enqueue(encoder.encode(sseOf([{ id: "3.0", data: { type: "abort", reason: "Turn cancelled" } }])));
+      turn?.close(); // the server cancelled the running Turn; then this one runs
+      const frames = [
+        { id: "0.0.1", data: { type: "start", messageId: "run-2", messageMetadata: { runId: "run-2" } } },
+        { id: "1.0", data: { type: "text-start", id: "text-answer" } },
+        { id: "1.1", data: { type: "text-delta", id: "text-answer", delta: "Answered instead." } },
+        { id: "1.2", data: { type: "text-end", id: "text-answer" } },
+        { id: "2.0", data: { type: "finish", finishReason: "stop" } },
+      ];
+      return new Response(sseOf(frames), { headers: { "content-type": "text/event-stream", "x-fleet-run-id": "run-2" } });
+    }
     if (method === "POST" && /^\/api\/sessions\/[^/]+\/turns$/.test(path)) {
       const body = new ReadableStream<Uint8Array>({
         start(controller) {
@@ -179,6 +191,22 @@ test("/delete takes a session id's prefix; deleting the current session starts a
   assert.deepEqual(calls.filter((c) => c.endsWith("/turns") && c.startsWith("POST")), ["POST /api/sessions/session-new/turns"]);
   term.type(ESC);
   await term.waitFor("the abort", (s) => s.includes("■ Turn cancelled"), 5_000);
+  term.type(CTRL_C);
+  await exited;
+});
+
+test("/interrupt sends a Turn that takes the running one's place; a plain prompt meanwhile is refused", async () => {
+  const { calls, term, exited } = await open(false);
+  await startTurn(term);
+  term.type("another question");
+  term.type("\r");
+  await term.waitFor("the refusal", (s) => s.includes("or send /interrupt <text>"), 5_000);
+  term.type("/interrupt what about this instead");
+  term.type("\r");
+  const screen = await term.waitFor("the old abort and the new answer", (s) => s.includes("■ Turn cancelled") && s.includes("Answered instead."), 5_000);
+  assert.ok(screen.indexOf("■ Turn cancelled") < screen.indexOf("Answered instead."), screen);
+  assert.equal(calls.filter((c) => c.startsWith("POST /api/sessions/session-1/turns")).length, 2);
+  assert.deepEqual(calls.filter((c) => c.startsWith("PUT")), [], "the server cancels it: the client sends no cancel");
   term.type(CTRL_C);
   await exited;
 });

@@ -17,6 +17,8 @@ test("the command parser", () => {
     ["/resume", { kind: "invalid", message: "usage: /resume <session id>" }],
     ["/rename The plan", { kind: "rename", title: "The plan" }],
     ["/delete 1234-abcd", { kind: "delete", sessionId: "1234-abcd" }],
+    ["/interrupt try this", { kind: "interrupt", text: "try this" }],
+    ["/interrupt", { kind: "invalid", message: "usage: /interrupt <text>" }],
     ["/delete", { kind: "invalid", message: "usage: /delete <session id> (its first 8 characters or more confirm it; /sessions lists them)" }],
     ["/delete 1234", { kind: "invalid", message: "usage: /delete <session id> (its first 8 characters or more confirm it; /sessions lists them)" }],
     ["/task", { kind: "task" }],

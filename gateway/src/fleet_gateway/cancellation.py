@@ -23,7 +23,7 @@ from fleet_shared.run_state import RunStatus, is_terminal
 
 log = structlog.get_logger(__name__)
 CancelState = Literal["requested", "already_requested", "already_terminal"]
-DELETE_WAIT_SECONDS = 10.0  # a DELETE waits this long for its cancelled Run to end
+CANCEL_WAIT_SECONDS = 10.0  # a DELETE, or an interrupting Turn, waits this long for a cancelled Run
 
 
 async def request_cancellation(gw: GatewayState, db: AsyncSession, run: Run) -> CancelState:
@@ -68,7 +68,7 @@ async def cancel_queued(gw: GatewayState, db: AsyncSession, run_id: str) -> bool
 async def delete_session(gw: GatewayState, db: AsyncSession, session_id: str) -> Purged | None:
     """Mark the session deleted (from then on every lookup of it is a 404 and no Turn is claimed
     in it), cancel its active Run, and remove its rows once that Run has ended: here within
-    DELETE_WAIT_SECONDS, or else at a later sweep. What was removed, or None when that is left to
+    CANCEL_WAIT_SECONDS, or else at a later sweep. What was removed, or None when that is left to
     the sweep."""
     active = await purge.mark_deleted(db, session_id)
     if active is not None:
@@ -77,7 +77,7 @@ async def delete_session(gw: GatewayState, db: AsyncSession, session_id: str) ->
         except (RedisError, OSError) as exc:  # the deletion stands; the Run ends on its own
             log.warning("session.delete_cancel_failed", run_id=active.id, error_type=type(exc).__name__)
         await db.commit()
-        if not await ended_within(db, active.id, DELETE_WAIT_SECONDS):
+        if not await ended_within(db, active.id, CANCEL_WAIT_SECONDS):
             log.info("session.delete_deferred", session_id=session_id, run_id=active.id)
             return None
     try:
@@ -100,3 +100,15 @@ async def ended_within(db: AsyncSession, run_id: str, seconds: float) -> bool:
             return False
         await asyncio.sleep(pause)
         pause = min(pause * 2, 0.5)
+
+
+async def interrupt(gw: GatewayState, run_id: str) -> bool:
+    """Cancel a session's running Turn for the one that interrupts it; whether it ended within
+    CANCEL_WAIT_SECONDS (a Redis outage raises, as a cancel's does)."""
+    async with gw.db_sessions() as db:
+        run = await queries.get_run(db, run_id)
+        if run is None:
+            return True
+        await request_cancellation(gw, db, run)
+        await db.commit()
+        return await ended_within(db, run_id, CANCEL_WAIT_SECONDS)

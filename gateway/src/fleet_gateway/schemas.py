@@ -46,10 +46,20 @@ class TurnRequest(Input):
     text: Annotated[str, msgspec.Meta(min_length=1, max_length=100_000, pattern=NO_NUL)]
     attachment_ids: Annotated[list[uuid.UUID], msgspec.Meta(max_length=20)] = []
     skill_selections: Annotated[list[SkillSelection], msgspec.Meta(max_length=4)] = []
+    # What to do when a Turn is already running in the session: `reject` it (409), or
+    # `interrupt` it (cancel it, then run this one). Not part of the request's fingerprint.
+    multitask: Literal["reject", "interrupt"] = "reject"
 
     def fingerprint_bytes(self) -> bytes:
-        """The canonical body: same request → same bytes, whatever the client's key order."""
-        return msgspec.json.encode(self, order="sorted")
+        """The canonical request: same text, attachments and skills → same bytes, whatever the
+        client's key order or follow-up strategy (the bytes are those of the fields before
+        `multitask` existed, so a key keeps its fingerprint)."""
+        fields = {
+            "text": self.text,
+            "attachment_ids": self.attachment_ids,
+            "skill_selections": self.skill_selections,
+        }
+        return msgspec.json.encode(fields, order="sorted")
 
 
 class SessionOut(msgspec.Struct, frozen=True, kw_only=True):

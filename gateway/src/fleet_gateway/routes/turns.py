@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from typing import Annotated, assert_never
@@ -15,6 +16,7 @@ from litestar.params import FromPath, HeaderParameter, JSONBody, QueryParameter
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from fleet_gateway.cancellation import interrupt
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.litestar_compat import EventStream
 from fleet_gateway.quotas import counted_refusal, over_active_turns
@@ -187,20 +189,25 @@ class TurnController(Controller):
         parent, links = inbound(traceparent, trusted)
         with child_span("turn.submit", parent, links, **attributes) as submit:
             started = time.perf_counter()
+            claim = functools.partial(
+                queries.claim_turn,
+                gw.engine,
+                session_id=session_id,
+                idempotency_key=key,
+                fingerprint=hashlib.sha256(data.fingerprint_bytes()).hexdigest(),
+                text=data.text,
+                model=gw.settings.root_lm.name,
+                caller=caller,
+                active_limit=limits.active_turns,
+                attachments=attachments,
+                skills=selected,
+                traceparent=traceparent_of(submit),
+            )
             with child_span("turn.claim", submit):
-                outcome = await queries.claim_turn(
-                    gw.engine,
-                    session_id=session_id,
-                    idempotency_key=key,
-                    fingerprint=hashlib.sha256(data.fingerprint_bytes()).hexdigest(),
-                    text=data.text,
-                    model=gw.settings.root_lm.name,
-                    caller=caller,
-                    active_limit=limits.active_turns,
-                    attachments=attachments,
-                    skills=selected,
-                    traceparent=traceparent_of(submit),
-                )
+                outcome = await claim()
+                running = to_interrupt(outcome, data)
+                if running is not None and await interrupted(gw, running):
+                    outcome = await claim()  # the interrupted Run has ended: this one's turn
             claimed = time.perf_counter()
             timing = f"claim;dur={(claimed - started) * 1000:.3f}"
             if isinstance(outcome, queries.ClaimRefused):
@@ -268,6 +275,24 @@ class TurnController(Controller):
         ]
         more = len(rows) == limit
         return TurnPage(items, rows[-1].sequence if more and rows else None)
+
+
+def to_interrupt(outcome: queries.Claimed | queries.ClaimRefused, data: TurnRequest) -> str | None:
+    """With `multitask: interrupt`, the session's running Turn that refused this one."""
+    if data.multitask != "interrupt" or not isinstance(outcome, queries.ClaimRefused):
+        return None
+    return outcome.run_id if outcome.reason == "turn_in_progress" else None
+
+
+async def interrupted(gw: GatewayState, run_id: str) -> bool:
+    """`multitask: interrupt`: the running Turn is cancelled (its abort and tombstone as any
+    cancel's); whether it ended in time for this one (if not: 409, as without it)."""
+    try:
+        ended = await interrupt(gw, run_id)
+    except (RedisError, OSError):
+        raise redis_down("started (the running Turn could not be interrupted)") from None
+    log.info("turn.interrupted", interrupted_run_id=run_id, ended=ended)
+    return ended
 
 
 def responds_async(prefer: str | None) -> bool:
