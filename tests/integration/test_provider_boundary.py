@@ -261,3 +261,37 @@ def test_a_streamed_reply_dspy_cannot_parse_is_asked_again_off_the_stream(
     assert any(isinstance(e, ReasoningDelta) and "first try" in e.delta for e in emitted)
     whole = [e for e in emitted if isinstance(e, Reasoning)]
     assert len(whole) == 1 and whole[0].restated and whole[0].text == "Second try."
+
+
+def test_code_that_streamed_but_could_not_be_run_ends_its_cell_as_shown(
+    provider: FakeProvider, redis_url: str
+) -> None:
+    """A step's code in a bash fence streams, then DSPy refuses it as Python (no cell starts):
+    its cell ends as it was shown, with an error, before the next step; the Turn goes on."""
+    from fleet_shared.events import CellOutput, CodeCell, CodeDelta
+    from fleet_worker.observer import UNRUN_CELL_TEXT
+
+    provider.ttft_s, provider.tokens_per_s = 0.05, 200
+
+    def action(reasoning: str, code: str) -> str:
+        return f"[[ ## reasoning ## ]]\n{reasoning}\n\n[[ ## code ## ]]\n{code}\n\n[[ ## completed ## ]]"
+
+    provider.replies += [
+        action("List it.", "```bash\nls -la\n```"),
+        action("Python.", "SUBMIT(answer='done')"),
+    ]
+    emitted: list[Any] = []
+    result = run_on_provider(local_profile(provider, redis_url), provider, emitted.append)
+    assert result.answer == "done"
+    assert (
+        "".join(e.delta for e in emitted if isinstance(e, CodeDelta) and e.call_id == "cell-1") == "ls -la\n"
+    )
+    cells = [(type(e).__name__, e.call_id) for e in emitted if isinstance(e, CodeCell | CellOutput)]
+    assert cells == [
+        ("CodeCell", "cell-1"),
+        ("CellOutput", "cell-1"),
+        ("CodeCell", "cell-2"),
+        ("CellOutput", "cell-2"),
+    ]
+    unrun = next(e for e in emitted if isinstance(e, CellOutput) and e.call_id == "cell-1")
+    assert unrun.error == UNRUN_CELL_TEXT

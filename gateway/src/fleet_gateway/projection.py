@@ -36,7 +36,7 @@ from fleet_shared.events import (
 from fleet_shared.transcript import UNFINISHED_TOOL_TEXT, data_part, failed_cell_text, lm_query_input
 
 Chunk = dict[str, Any]
-UNFINISHED_CODE_TEXT = "the Turn ended before this cell's code was complete"
+UNFINISHED_CODE_TEXT = "the step ended before this cell's code was complete"
 Delivery = Literal["live", "replay", "resume"]
 SCHEMA_VERSION = 1
 
@@ -144,6 +144,7 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             state.finished = True
             return [
                 *close_streamed(state),  # an LM call that failed mid-stream
+                *close_inputs(state),
                 {"type": "error", "errorText": f"{code}: {message}"},
                 {"type": "finish", "finishReason": "error"},
             ]
@@ -173,8 +174,10 @@ def code_input_delta(state: StreamState, call_id: str, delta: str) -> list[Chunk
     holds the input whole."""
     escaped = msgspec.json.encode(delta).decode()[1:-1]
     more = {"type": "tool-input-delta", "toolCallId": call_id, "inputTextDelta": escaped}
-    if call_id in state.open_tools:
+    if call_id in state.input_streaming:
         return [more]
+    if call_id in state.open_tools:  # its input came whole already: nothing may reopen it
+        return []
     state.open_tools.add(call_id)
     state.input_streaming.add(call_id)
     opening = {
@@ -210,23 +213,27 @@ def tool_error(state: StreamState, call_id: str, error_text: str) -> Chunk:
 
 
 def close_tools(state: StreamState, reason: str) -> list[Chunk]:
-    """End the open tools: a call that never returned, or a cell whose code never came whole
-    (its input is the error, as the AI SDK has it for an input that could not be completed)."""
+    """End the open tools: a call that never returned, or a cell whose code never came whole."""
+    closed = close_inputs(state)
+    return [*closed, *(tool_error(state, call_id, reason) for call_id in sorted(state.open_tools))]
+
+
+def close_inputs(state: StreamState) -> list[Chunk]:
+    """End the cells whose code never came whole (the step or the Run ended first): their input
+    is the error, as the AI SDK has it for an input that could not be completed. No `input`: a
+    client keeps the code it was shown."""
     closed = [
         {
             "type": "tool-input-error",
             "toolCallId": call_id,
             "toolName": "python",
-            "input": {},
             "errorText": UNFINISHED_CODE_TEXT,
             "providerExecuted": True,
             "dynamic": True,
         }
-        if call_id in state.input_streaming
-        else tool_error(state, call_id, reason)
-        for call_id in sorted(state.open_tools)
+        for call_id in sorted(state.input_streaming)
     ]
-    state.open_tools.clear()
+    state.open_tools.difference_update(state.input_streaming)
     state.input_streaming.clear()
     return closed
 
@@ -278,4 +285,4 @@ def close_step(state: StreamState) -> list[Chunk]:
     if not state.step_open:
         return []
     state.step_open = False
-    return [*close_reasoning(state), {"type": "finish-step"}]
+    return [*close_reasoning(state), *close_inputs(state), {"type": "finish-step"}]

@@ -484,20 +484,35 @@ def test_a_cells_code_streams_as_tool_input_deltas_of_partial_json_then_comes_wh
     assert_stream_contract(chunks)
 
 
-def test_a_cell_whose_code_streamed_but_never_ran_is_closed_at_the_runs_end() -> None:
+@pytest.mark.parametrize("ending", ["step", "completed", "failed"])
+def test_a_cell_whose_code_never_came_whole_is_closed_in_its_step_or_at_the_runs_end(ending: str) -> None:
+    """Its input is the error (no `input`: a client keeps the code it was shown), before the
+    step's finish-step (the AI SDK finds the part in the current step only) or the Run's end."""
+    endings: dict[str, RunEvent] = {
+        "step": IterationFinished(run_id=R, iteration=1),
+        "completed": RunCompleted(run_id=R, duration_ms=1),
+        "failed": RunFailed(run_id=R, code="lm_error", message="the LM call failed"),
+    }
     state = StreamState(R, SESSION)
-    chunks = run_stream(
-        [
-            IterationStarted(run_id=R, iteration=1),
-            CodeDelta(run_id=R, call_id="cell-1", delta="print(1)"),
-            RunCompleted(run_id=R, duration_ms=1),
-        ],
-        state,
-    )
-    closed = [c for c in chunks if c["type"].startswith("tool-")][-1]
-    assert closed["type"] == "tool-input-error" and closed["toolCallId"] == "cell-1"
+    events = [
+        IterationStarted(run_id=R, iteration=1),
+        CodeDelta(run_id=R, call_id="cell-1", delta="print(1)"),
+    ]
+    chunks = run_stream([*events, endings[ending]], state)
+    types = [c["type"] for c in chunks]
+    closed = chunks[types.index("tool-input-error")]
+    assert closed["toolCallId"] == "cell-1" and "input" not in closed
+    assert types.index("tool-input-error") < types.index("finish-step" if ending != "failed" else "error")
     assert state.open_tools == state.input_streaming == set()
-    assert_stream_contract(chunks)
+    if ending != "step":
+        assert_stream_contract(chunks)
+
+
+def test_a_code_delta_after_the_cells_whole_input_reopens_nothing() -> None:
+    state = StreamState(R, SESSION)
+    project(CodeDelta(run_id=R, call_id="cell-1", delta="pri"), state)
+    project(CodeCell(run_id=R, call_id="cell-1", code="print(1)"), state)
+    assert project(CodeDelta(run_id=R, call_id="cell-1", delta="nt(1)"), state) == []
 
 
 def test_completed_without_open_step_has_no_finish_step() -> None:

@@ -4,12 +4,11 @@ begin came before them, and none is sent after its step's end."""
 
 from __future__ import annotations
 
-import itertools
 import time
 
 import pytest
 
-from fleet_worker.streamed_parts import DELTA_CHUNKS, DELTA_SECONDS, StreamedParts, visible_code
+from fleet_worker.streamed_parts import DELTA_CHUNKS, DELTA_SECONDS, StreamedCode, StreamedParts
 
 
 def test_a_fast_stream_is_cut_every_delta_chunks_and_its_first_chunk_goes_at_once() -> None:
@@ -161,15 +160,25 @@ FENCED = "```python\nn = len(request.split())\nprint(f'{n} words')\n```\n"
 
 
 @pytest.mark.parametrize("raw", [FENCED, "\n" + FENCED, "n = len(request.split())\nprint(f'{n} words')\n"])
-def test_the_code_shown_grows_with_the_stream_and_never_shows_its_fence(raw: str) -> None:
-    """Every prefix of the field shows a prefix of the code, and the whole field shows the code:
-    no fence line, no closing fence, no backtick that may become one."""
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+def test_the_code_shown_grows_with_the_stream_and_never_shows_its_fence(raw: str, size: int) -> None:
+    """Fed in chunks of any size, the field shows a growing prefix of the code, and the whole
+    field shows the code: no fence line, no closing fence, no backtick that may become one, and
+    nothing of what follows the fence."""
     code = "n = len(request.split())\nprint(f'{n} words')\n"
-    shown = [visible_code(raw[:n]) for n in range(len(raw) + 1)]
-    assert all(code.startswith(s) and "`" not in s for s in shown)
-    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(shown))
-    assert shown[-1] == code
-    assert visible_code(raw + "trailing words after the fence") == code or "```" not in raw
+    streamed = StreamedCode("cell-1")
+    shown = ""
+    for start in range(0, len(raw), size):
+        shown += streamed.feed(raw[start : start + size])
+        assert code.startswith(shown) and "`" not in shown
+    shown += streamed.feed("trailing words after the fence")
+    assert shown == code if "```" in raw else shown.startswith(code)
+
+
+def test_backticks_inside_the_code_are_shown_once_the_next_character_is_not_one() -> None:
+    streamed = StreamedCode("cell-1")
+    parts = [streamed.feed(chunk) for chunk in ("x = '``", "'\n", "```")]
+    assert parts == ["x = '", "``'\n", ""] and streamed.closed
 
 
 def test_a_steps_code_streams_as_its_cells_deltas_between_the_steps_marks() -> None:
@@ -195,3 +204,28 @@ def test_a_steps_code_streams_as_its_cells_deltas_between_the_steps_marks() -> N
         ("CodeDelta", "cell-1", "1)\n"),  # held, then sent at the step's end
     ]
     assert not any(isinstance(e, CodeDelta) and "`" in e.delta for e in events)
+
+
+def test_a_cell_that_streamed_but_never_ran_ends_as_shown_with_an_error_at_its_steps_end() -> None:
+    """DSPy could not take the step's code as a cell (no cell started): the next step's start
+    ends it, as shown, so the stream's tool part and the history's agree."""
+    import threading
+    from types import SimpleNamespace
+
+    from fleet_shared.events import CellOutput, CodeCell, IterationFinished
+    from fleet_worker.observer import UNRUN_CELL_TEXT, TurnObserver
+
+    events: list[object] = []
+    observer = TurnObserver(emit=events.append, run_id="r", stop=threading.Event(), max_output_chars=1000)
+    observer.action_started("call-1")
+    observer.stream_began(observer.reasoning_part)
+    observer.code_delta("```bash\nrm -rf x\n```")
+    observer.stream_ended(observer.reasoning_part)
+    observer.action_finished("call-1", SimpleNamespace(reasoning="Try bash."))
+    observer.action_started("call-2")  # no cell ran for step 1
+    cell = [e for e in events if isinstance(e, CodeCell | CellOutput)]
+    assert [type(e).__name__ for e in cell] == ["CodeCell", "CellOutput"]
+    assert cell[0].code == "rm -rf x\n" and cell[0].call_id == cell[1].call_id == "cell-1"
+    assert cell[1].error == UNRUN_CELL_TEXT
+    ended = next(i for i, e in enumerate(events) if isinstance(e, IterationFinished))
+    assert events.index(cell[1]) < ended  # within its step

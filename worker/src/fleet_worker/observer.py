@@ -33,13 +33,14 @@ from fleet_worker.streamed_parts import (
     ANSWER_PART,
     CELL_PREFIX,
     REASONING_PREFIX,
+    StreamedCode,
     StreamedParts,
     closing,
-    visible_code,
 )
 from fleet_worker.tenant_tokens import TenantTokens
 
 PROMPT_PREVIEW_CHARS = 4000
+UNRUN_CELL_TEXT = "this code was not run: the step's action could not be taken as a Python cell"
 UNLIMITED = 1_000_000
 
 
@@ -77,7 +78,7 @@ class TurnObserver:
     # re-raises the error without its cause).
     program_failure: tuple[BaseException, BaseException | None] | None = None
     streaming: StreamedParts = field(default_factory=StreamedParts)
-    code_streamed: dict[str, str] = field(default_factory=dict)  # each cell's code as it arrived
+    code: StreamedCode | None = None  # the streaming cell's code field, as far as it came
 
     def usage_snapshot(self) -> dict[str, dict[str, int]]:
         """Tokens observed so far; safe to call from the event loop while the program runs."""
@@ -145,15 +146,19 @@ class TurnObserver:
     def code_delta(self, text: str) -> None:
         """Code of the step whose LM call is in flight (after its reasoning, on the same marks),
         without its markdown fence: the cell's CodeCell follows with the code it runs."""
-        step = self.streaming.part_id  # read on the stream's reader, the only thread that moves it
+        # The step is read outside the lock: only this thread (the stream's reader) opens one, and
+        # add() drops the chunk under the lock if the step has ended meanwhile.
+        step = self.streaming.part_id
         if self.quiet or not text or step is None or not step.startswith(REASONING_PREFIX):
             return
+        if self.streaming.budget <= 0:  # no more deltas this Turn: the cell comes whole
+            return
         call_id = CELL_PREFIX + step.removeprefix(REASONING_PREFIX)
-        raw = self.code_streamed.get(call_id, "")
-        self.code_streamed[call_id] = raw + text
-        shown, now = visible_code(raw), visible_code(raw + text)
-        if now.startswith(shown) and len(now) > len(shown):
-            self.streaming.add(now[len(shown) :], self.send_delta, into=call_id)
+        if self.code is None or self.code.call_id != call_id:
+            self.code = StreamedCode(call_id)
+        shown = self.code.feed(text)
+        if shown:
+            self.streaming.add(shown, self.send_delta, into=call_id)
 
     def stream_began(self, part_id: str) -> None:
         self.streaming.begin(part_id, self.send_delta)
@@ -190,9 +195,21 @@ class TurnObserver:
         self.finish_step()
 
     def finish_step(self) -> None:
+        self.settle_unrun_cell()
         if self.step_open:
             self.step_open = False
             self.send(IterationFinished(run_id=self.run_id, iteration=self.iteration))
+
+    def settle_unrun_cell(self) -> None:
+        """A step whose code streamed but never ran (DSPy could not take it as Python: no cell
+        started) ends its cell here, as it was shown, so the stream and the history agree."""
+        call_id = f"{CELL_PREFIX}{self.iteration}"
+        shown = self.streaming.sent.get(call_id)
+        if not self.pending_cell or shown is None:
+            return
+        self.pending_cell = False
+        self.send(CodeCell(run_id=self.run_id, call_id=call_id, code=shown))
+        self.send(CellOutput(run_id=self.run_id, call_id=call_id, stdout="", error=UNRUN_CELL_TEXT))
 
     def max_iters_reached(self, max_iters: int) -> None:
         """The answer that follows is DSPy's extract fallback: said so, once, before it."""

@@ -21,6 +21,7 @@ from fleet_shared.event_log import APPEND_BATCH_EVENTS, Appended, RunLog
 from fleet_shared.events import (
     CellOutput,
     CodeCell,
+    CodeDelta,
     IterationFinished,
     IterationStarted,
     LMQueryFinished,
@@ -46,6 +47,7 @@ STEP_EVENTS = (
     IterationFinished,
     Reasoning,
     ReasoningDelta,
+    CodeDelta,
     CodeCell,
     CellOutput,
     LMQueryStarted,

@@ -21,19 +21,42 @@ CELL_PREFIX = "cell-"  # + the step: its cell's call id
 FENCE = "```"
 
 
-def visible_code(raw: str) -> str:
-    """The code in what a step's code field streamed so far, as the client is shown it: without
-    the markdown fence the RLM is asked to write (the opening line, the closing fence and what
-    follows it) and without backticks at its end that may yet become that fence. A longer `raw`
-    never shows less."""
-    text = raw.lstrip()
-    if text.startswith("`"):
-        newline = text.find("\n")
-        if newline < 0:  # the fence's line is not complete yet
+@dataclass
+class StreamedCode:
+    """One cell's code field as it streams, shown without the markdown fence the RLM is asked to
+    write: the opening line, the closing fence and what follows it, and backticks at the end that
+    may yet become that fence are held back. Each chunk is looked at once (a long cell costs in
+    proportion to its length)."""
+
+    call_id: str
+    head: str = ""  # before the code starts: leading space and the fence's line
+    started: bool = False
+    held: str = ""  # backticks at the end so far
+    closed: bool = False
+
+    def feed(self, text: str) -> str:
+        """What this chunk adds to the code shown."""
+        if self.closed:
             return ""
-        text = text[newline + 1 :]
-    end = text.find(FENCE)
-    return text[:end] if end >= 0 else text.rstrip("`")
+        if not self.started:
+            self.head += text
+            lead = self.head.lstrip()
+            if lead.startswith("`"):
+                newline = lead.find("\n")
+                if newline < 0:  # the fence's line is not complete yet
+                    return ""
+                lead = lead[newline + 1 :]
+            elif not lead:
+                return ""
+            self.started, self.head, text = True, "", lead
+        text = self.held + text
+        end = text.find(FENCE)
+        if end >= 0:
+            self.closed, self.held = True, ""
+            return text[:end]
+        shown = text.rstrip("`")
+        self.held = text[len(shown) :]
+        return shown
 
 
 def closing(text: str, sent: str | None) -> dict[str, Any]:
