@@ -81,6 +81,20 @@ test("Esc cancels a running Turn and the abort is shown", async () => {
   await exited;
 });
 
+test("/interrupt cancels the running Turn on the server and streams the new one", async () => {
+  const { term, app, exited } = await openClient(stack.url);
+  term.type("cancel");
+  term.type("\r");
+  await term.waitFor("the slow LM call", (s) => s.includes("└ taking my time")); // the next LM answer takes 5 s
+  term.type("/interrupt write me a reply");
+  term.type("\r");
+  const screen = await term.waitFor("the abort, then the new answer", (s) => s.includes("■ Turn cancelled") && s.includes("Hello from the scripted sub-LM. (4 words)"));
+  assert.ok(!screen.includes("finished after the slow step"));
+  assert.ok(screen.indexOf("■ Turn cancelled") < screen.lastIndexOf("Hello from the scripted sub-LM. (4 words)"), screen);
+  app.exit(0);
+  await exited;
+});
+
 test("Ctrl+C cancels a running Turn; a second Ctrl+C quits", async () => {
   const { term, app, exited } = await openClient(stack.url);
   let code: number | undefined;
