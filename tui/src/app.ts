@@ -24,6 +24,7 @@ interface ActiveTurn {
   readonly component: TurnComponent;
   runId?: string;
   cancelRequested: boolean;
+  done?: boolean;
 }
 
 export class App {
@@ -130,9 +131,8 @@ export class App {
     this.refresh();
   }
 
-  /** Requests cancellation of the running Turn (Esc, /cancel). */
-  async cancel(): Promise<void> {
-    const active = this.active;
+  /** Requests cancellation of the running Turn (Esc, /cancel), or of `active`. */
+  async cancel(active: ActiveTurn | undefined = this.active): Promise<void> {
     if (!active) {
       this.notice("no Turn is running");
       return;
@@ -210,8 +210,8 @@ export class App {
       case "prompt":
         if (command.text) await this.prompt(command.text);
         return;
-      case "interrupt":
-        await this.prompt(command.text, true);
+      case "interrupt": // with no Turn running here, a plain prompt (never another client's Turn)
+        await this.prompt(command.text, this.active !== undefined);
         return;
       case "exit":
         this.exit(0);
@@ -235,14 +235,17 @@ export class App {
       this.notice("no session yet: /new or /resume <id>", [], "error");
       return;
     }
+    const attached = this.pendingAttachments; // this Turn's: the next one starts with none
+    this.pendingAttachments = [];
     const body = {
       text,
-      attachment_ids: this.pendingAttachments.map((a) => a.id),
+      attachment_ids: attached.map((a) => a.id),
       skill_selections: this.skills.map(({ id, expected_version }) => ({ id, expected_version })),
       ...(interrupt ? { multitask: "interrupt" as const } : {}),
     };
     const component = this.addTurn(emptyTurn(text));
     const active: ActiveTurn = { abort: new AbortController(), component, cancelRequested: false };
+    const previous = this.active; // the Turn this one interrupts, still streaming to its abort
     this.active = active;
     this.startLoader("sending…");
     try {
@@ -257,12 +260,16 @@ export class App {
         onEvent: (event) => this.onRunnerEvent(active, event),
       });
       component.update(view);
-      this.pendingAttachments = [];
     } catch (error) {
       if (!active.abort.signal.aborted) this.notice("the Turn's stream failed", [describeError(error)], "error");
+      if (!active.runId && this.pendingAttachments.length === 0) this.pendingAttachments = attached; // never sent
     } finally {
-      if (this.active === active) this.active = undefined;
-      this.stopLoader();
+      active.done = true;
+      if (this.active === active) {
+        // An interrupt that failed leaves the Turn it meant to replace running: that one is current again.
+        this.active = previous && !previous.done ? previous : undefined;
+        if (!this.active) this.stopLoader();
+      }
       this.refresh();
     }
   }
@@ -270,14 +277,15 @@ export class App {
   private onView(active: ActiveTurn, view: TurnView): void {
     active.component.update(view);
     if (view.runId && !active.runId) this.onRunId(active, view.runId);
-    if (view.status) this.setStatus(`${view.status.phase}${view.status.detail ? ` · ${view.status.detail}` : ""}`);
+    if (view.status && this.active === active) this.setStatus(`${view.status.phase}${view.status.detail ? ` · ${view.status.detail}` : ""}`);
     this.refresh();
   }
 
   private onRunnerEvent(active: ActiveTurn, event: RunnerEvent): void {
+    if (event.kind === "posted") this.onRunId(active, event.runId);
+    if (this.active !== active) return; // an interrupted Turn's stream, ending: the status line is the new one's
     switch (event.kind) {
       case "posted":
-        this.onRunId(active, event.runId);
         this.setStatus(`run ${event.runId.slice(0, 8)} · queued`);
         return;
       case "retrying-post":
@@ -295,7 +303,7 @@ export class App {
   private onRunId(active: ActiveTurn, runId: string): void {
     if (active.runId) return;
     active.runId = runId;
-    if (active.cancelRequested) void this.cancel();
+    if (active.cancelRequested) void this.cancel(active);
   }
 
   private startLoader(message: string): void {

@@ -12,7 +12,7 @@ const CTRL_C = "\x03";
 const ESC = "\x1b";
 
 /** A gateway with one session whose Turn streams a step and then waits; a cancel may end it. */
-function fakeGateway(options: { abortOnCancel: boolean }) {
+function fakeGateway(options: { abortOnCancel: boolean; refuseInterrupt?: boolean }) {
   const calls: string[] = [];
   let created = 0;
   let turn: ReadableStreamDefaultController<Uint8Array> | undefined;
@@ -36,6 +36,9 @@ function fakeGateway(options: { abortOnCancel: boolean }) {
     if (method === "GET" && path === "/api/sessions/session-2-abcdef/turns") return json({ items: [], next_after_sequence: null });
     if (method === "DELETE" && /^\/api\/sessions\/session-(1|2-abcdef)$/.test(path)) return new Response(null, { status: 204 });
     if (method === "POST" && /^\/api\/sessions\/[^/]+\/turns$/.test(path) && String(init?.body).includes('"multitask":"interrupt"')) {
+      if (options.refuseInterrupt) {
+        return new Response(JSON.stringify({ code: "turn_in_progress", message: "the running Turn did not end in time" }), { status: 409, headers: { "content-type": "application/json" } });
+      }
       turn?.enqueue(encoder.encode(sseOf([{ id: "3.0", data: { type: "abort", reason: "Turn cancelled" } }])));
       turn?.close(); // the server cancelled the running Turn; then this one runs
       const frames = [
@@ -78,8 +81,8 @@ function fakeGateway(options: { abortOnCancel: boolean }) {
   return { calls, api: new FleetApi("http://fake.invalid", undefined, fetcher) };
 }
 
-async function open(abortOnCancel: boolean) {
-  const gateway = fakeGateway({ abortOnCancel });
+async function open(abortOnCancel: boolean, refuseInterrupt = false) {
+  const gateway = fakeGateway({ abortOnCancel, refuseInterrupt });
   const term = new VirtualTerminal(100, 40);
   const app = new App({ api: gateway.api, terminal: term });
   let code: number | undefined;
@@ -207,6 +210,19 @@ test("/interrupt sends a Turn that takes the running one's place; a plain prompt
   assert.ok(screen.indexOf("■ Turn cancelled") < screen.indexOf("Answered instead."), screen);
   assert.equal(calls.filter((c) => c.startsWith("POST /api/sessions/session-1/turns")).length, 2);
   assert.deepEqual(calls.filter((c) => c.startsWith("PUT")), [], "the server cancels it: the client sends no cancel");
+  term.type(CTRL_C);
+  await exited;
+});
+
+test("an interrupt the gateway refuses leaves the running Turn current: Esc still cancels it", async () => {
+  const { calls, term, exited } = await open(true, true);
+  await startTurn(term);
+  term.type("/interrupt now this");
+  term.type("\r");
+  await term.waitFor("the refusal", (s) => s.includes("the running Turn did not end in time"), 5_000);
+  term.type(ESC);
+  await term.waitFor("the abort", (s) => s.includes("■ Turn cancelled"), 5_000);
+  assert.deepEqual(calls.filter((c) => c.startsWith("PUT")), [`PUT /api/runs/${RUN_ID}/cancellation`]);
   term.type(CTRL_C);
   await exited;
 });

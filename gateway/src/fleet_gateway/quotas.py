@@ -27,9 +27,12 @@ def over_active_turns(limits: QuotaLimits) -> ApiError:
     )
 
 
-async def counted_refusal(redis: Redis, tenant: str, limits: QuotaLimits) -> ApiError | None:
+async def counted_refusal(
+    redis: Redis, tenant: str, limits: QuotaLimits, *, count: bool = True
+) -> ApiError | None:
     """The 429 for a new Turn over the tenant's LM tokens today or Turns this minute; None when
-    within both. A Turn refused for tokens is not counted in the minute."""
+    within both. A Turn refused for tokens is not counted in the minute; without `count`, none
+    is (a look before an interrupt, which must not cancel a Turn for one that would be refused)."""
     now = time.time()
     if limits.lm_tokens_per_day:
         used = await lm_tokens_today(redis, tenant, utc_day(now))
@@ -41,8 +44,12 @@ async def counted_refusal(redis: Redis, tenant: str, limits: QuotaLimits) -> Api
             )
             return ApiError(429, "quota_exceeded", message, **{"Retry-After": str(retry_after)})
     if limits.turns_per_minute:
-        count, retry_after = await count_turn_in_minute(redis, tenant, now)
-        if count > limits.turns_per_minute:
+        if count:
+            started, retry_after = await count_turn_in_minute(redis, tenant, now)
+        else:
+            started = await turns_this_minute(redis, tenant, now) + 1
+            retry_after = max(1, WINDOW_SECONDS - int(now % WINDOW_SECONDS))
+        if started > limits.turns_per_minute:
             message = (
                 f"this tenant may start {limits.turns_per_minute} Turn(s) a minute: retry in {retry_after} s"
             )

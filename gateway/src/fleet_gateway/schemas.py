@@ -48,7 +48,13 @@ class TurnRequest(Input):
     skill_selections: Annotated[list[SkillSelection], msgspec.Meta(max_length=4)] = []
     # What to do when a Turn is already running in the session: `reject` it (409), or
     # `interrupt` it (cancel it, then run this one). Not part of the request's fingerprint.
-    multitask: Literal["reject", "interrupt"] = "reject"
+    multitask: Annotated[
+        Literal["reject", "interrupt"],
+        msgspec.Meta(
+            description="with a Turn already running in the session: `reject` this one (409), or "
+            "`interrupt` the running one (cancel it, wait up to 10 s for its end, then run this one)"
+        ),
+    ] = "reject"
 
     def fingerprint_bytes(self) -> bytes:
         """The canonical request: same text, attachments and skills → same bytes, whatever the

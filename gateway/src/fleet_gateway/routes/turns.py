@@ -5,18 +5,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from typing import Annotated, assert_never
+from typing import Annotated, Any, assert_never
 
 import structlog
-from litestar import Controller, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency
 from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, HeaderParameter, JSONBody, QueryParameter
+from opentelemetry.trace import Span
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from fleet_gateway.cancellation import interrupt
+from fleet_gateway.cancellation import CANCEL_WAIT_SECONDS, interrupt
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.litestar_compat import EventStream
 from fleet_gateway.quotas import counted_refusal, over_active_turns
@@ -61,7 +62,6 @@ Prefer = Annotated[
     HeaderParameter(
         name="Prefer",
         required=False,
-        max_length=1024,
         description="`respond-async` (RFC 7240): answer 202 with the Run's id and `Location`, and no "
         "stream; the stream stays at `GET /api/runs/{id}/stream`",
     ),
@@ -163,7 +163,8 @@ class TurnController(Controller):
         data: JSONBody[TurnRequest],
         idempotency_key: IdempotencyKey,
         traceparent: TraceParent = None,
-        prefer: Prefer = None,
+        request: Request[Any, Any, Any],
+        prefer: Prefer = None,  # documented here; every Prefer line is read from the request
     ) -> EventStream | Response[TurnAccepted]:
         key = idempotency_key
         check_request(data, gw.settings.profile.gateway.limits.max_text_chars)
@@ -205,11 +206,15 @@ class TurnController(Controller):
             )
             with child_span("turn.claim", submit):
                 outcome = await claim()
-                running = to_interrupt(outcome, data)
-                if running is not None and await interrupted(gw, running):
+            timing = f"claim;dur={(time.perf_counter() - started) * 1000:.3f}"
+            running = to_interrupt(outcome, data)
+            if running is not None:  # `multitask: interrupt`
+                began = time.perf_counter()
+                await interrupted(gw, submit, running, caller.tenant, limits)
+                timing += f", interrupt;dur={(time.perf_counter() - began) * 1000:.3f}"
+                with child_span("turn.claim", submit):
                     outcome = await claim()  # the interrupted Run has ended: this one's turn
             claimed = time.perf_counter()
-            timing = f"claim;dur={(claimed - started) * 1000:.3f}"
             if isinstance(outcome, queries.ClaimRefused):
                 submit.set_attribute("fleet.refused", outcome.reason)
                 raise refusal(outcome, limits)
@@ -223,7 +228,7 @@ class TurnController(Controller):
                 with child_span("turn.enqueue", submit):
                     await enqueue(gw, run)
                 timing += f", enqueue;dur={(time.perf_counter() - claimed) * 1000:.3f}"
-        if responds_async(prefer):
+        if responds_async(request.headers.getall("prefer", [])):
             accepted = TurnAccepted(run_id=run.id, session_id=session_id, replayed=not outcome.created)
             headers = {
                 "Location": f"/api/runs/{run.id}",
@@ -284,22 +289,33 @@ def to_interrupt(outcome: queries.Claimed | queries.ClaimRefused, data: TurnRequ
     return outcome.run_id if outcome.reason == "turn_in_progress" else None
 
 
-async def interrupted(gw: GatewayState, run_id: str) -> bool:
-    """`multitask: interrupt`: the running Turn is cancelled (its abort and tombstone as any
-    cancel's); whether it ended in time for this one (if not: 409, as without it)."""
-    try:
-        ended = await interrupt(gw, run_id)
-    except (RedisError, OSError):
-        raise redis_down("started (the running Turn could not be interrupted)") from None
+async def interrupted(gw: GatewayState, submit: Span, run_id: str, tenant: str, limits: QuotaLimits) -> None:
+    """`multitask: interrupt`: unless this Turn would be refused by the tenant's counted quotas
+    (then the running one is left alone), the running Turn is cancelled (its abort and tombstone
+    as any cancel's); 409 if it did not end in time for this one."""
+    with child_span("turn.interrupt", submit, None, **{"fleet.interrupted_run_id": run_id}) as span:
+        try:
+            refused = await counted_refusal(gw.redis, tenant, limits, count=False)
+            if refused is not None:
+                raise refused
+            ended = await interrupt(gw, run_id)
+        except (RedisError, OSError):
+            raise redis_down("started (the running Turn could not be interrupted)") from None
+        span.set_attribute("fleet.interrupt_ended", ended)
     log.info("turn.interrupted", interrupted_run_id=run_id, ended=ended)
-    return ended
+    if not ended:
+        message = (
+            f"the running Turn was asked to stop but had not ended within {CANCEL_WAIT_SECONDS:g} s; "
+            "send this Turn again (the same key is safe)"
+        )
+        raise ApiError(409, "turn_in_progress", message, **{"Retry-After": "2"})
 
 
-def responds_async(prefer: str | None) -> bool:
-    """Whether a `Prefer` header asks for `respond-async` (a comma-separated list, RFC 7240)."""
-    return prefer is not None and any(
-        part.split(";", 1)[0].strip().lower() == "respond-async" for part in prefer.split(",")
-    )
+def responds_async(prefers: list[str]) -> bool:
+    """Whether the `Prefer` headers ask for `respond-async` (each a comma-separated list, and
+    unknown preferences ignored: RFC 7240)."""
+    parts = (part for prefer in prefers for part in prefer.split(","))
+    return any(part.split(";", 1)[0].split("=", 1)[0].strip().lower() == "respond-async" for part in parts)
 
 
 def refusal(outcome: queries.ClaimRefused, limits: QuotaLimits) -> ApiError:
