@@ -168,7 +168,6 @@ class Collector:
             ttl=self.session_ttl,
             dry_run=self.collected.dry_run,
             check_stop=self.check_stop,
-            on_removed=self.on_removed,
         )
         self.collected.sessions_expired, self.collected.sessions = expired, purged
 

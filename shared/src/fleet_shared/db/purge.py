@@ -281,25 +281,25 @@ async def sweep_sessions(
     ttl: timedelta | None,
     dry_run: bool,
     check_stop: Callable[[], None],
-    on_removed: Callable[[str, int], None],
 ) -> tuple[int, int]:
     """The gc's first stage: sessions idle past `ttl` are marked deleted (each logged), then every
-    deleted session without an active Run is purged. How many expired, and how many were
-    purged; a dry run marks and purges nothing and counts what it would."""
+    deleted session without a Run in progress is purged. How many expired, and how many were
+    purged; a dry run marks and purges nothing and counts what a pass would."""
+    cutoff = datetime.now(UTC) - ttl if ttl is not None else None
+    if dry_run:
+        async with db_sessions() as db:
+            idle = int(await db.scalar(select(func.count()).where(idle_since(cutoff))) or 0) if cutoff else 0
+            return idle, idle + await count_deleted(db)
     expired = 0
-    if ttl is not None:
-        cutoff = datetime.now(UTC) - ttl
-        while True:
-            check_stop()
-            async with db_sessions() as db:
-                if dry_run:
-                    return len(await idle_sessions(db, cutoff, SWEEP_PAGE)), await count_deleted(db)
-                page = await expire_idle(db, cutoff, SWEEP_PAGE)
-            for session_id in page:
-                log.info("session.expired", session_id=session_id, idle_before=cutoff.isoformat())
-            expired += len(page)
-            if len(page) < SWEEP_PAGE:
-                break
+    while cutoff is not None:
+        check_stop()
+        async with db_sessions() as db:
+            page = await expire_idle(db, cutoff, SWEEP_PAGE)
+        for session_id in page:
+            log.info("session.expired", session_id=session_id, idle_before=cutoff.isoformat())
+        expired += len(page)
+        if len(page) < SWEEP_PAGE:
+            break
     purged, after = 0, ""
     while True:
         check_stop()
@@ -309,10 +309,6 @@ async def sweep_sessions(
             return expired, purged
         after = page[-1]
         for session_id in page:
-            if dry_run:
-                on_removed(f"session {session_id}", 0)
-                purged += 1
-                continue
             try:
                 if await purge_session(db_sessions, redis, blobs, session_id) is not None:
                     purged += 1
@@ -321,7 +317,9 @@ async def sweep_sessions(
 
 
 async def count_deleted(db: AsyncSession) -> int:
-    return int(await db.scalar(select(func.count()).where(Session.status == DELETED)) or 0)
+    """Deleted sessions a purge would remove now (none of their Runs in progress)."""
+    running = select(Run.id).where(Run.session_id == Session.id, Run.status.in_(IN_PROGRESS))
+    return int(await db.scalar(select(func.count()).where(Session.status == DELETED, ~running.exists())) or 0)
 
 
 async def existing_workspaces(db: AsyncSession, ids: Sequence[str]) -> set[str]:
