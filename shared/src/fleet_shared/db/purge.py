@@ -1,14 +1,15 @@
 """A deleted session's removal: its rows in one transaction, then its Runs' Redis keys and its
-artifacts' and attachments' objects (docs/api.md, "Deleting a session").
+artifacts' objects (docs/workspaces.md, "Deleting a session"; ADR 0040).
 
 A session is first marked `deleted` (every lookup then answers 404, and no Turn is claimed in it);
-its rows go once it has no active Run. Forks complicate one thing: a fork's copied Turns and
-workspace versions name the parent's Runs, so a Run some other session still names is handed to
-that session (the oldest such fork; its artifacts go with it) instead of being removed. What was
-copied stays with the fork, which is a session of its own; everything else of the session goes:
-its Runs and their events, its Turns, feedback, artifacts, workspace versions and workspace, and
-the attachments no other session's Turn names. Content-addressed workspace objects may be shared
-by other versions: the blob gc removes those no manifest names any more.
+its rows go once no Run of it is in progress (a queued one goes with them). Forks complicate one
+thing: a fork's copied Turns and workspace versions name the parent's Runs, so a Run some other
+session still names is handed to that session (the oldest such fork; its events and artifacts go
+with it) instead of being removed. What was copied stays with the fork, a session of its own;
+everything else of the session goes: its Runs and their events, its Turns, feedback, artifacts,
+workspace versions and workspace, and the attachments no other session of the tenant names. The
+blob gc removes what no row or manifest names any more: those attachments' bytes, and the
+content-addressed workspace objects only this session's versions held.
 """
 
 from __future__ import annotations
