@@ -71,7 +71,7 @@ def closing(text: str, sent: str | None) -> dict[str, Any]:
 
 @dataclass
 class StreamedParts:
-    """The deltas of a Turn's streamed parts (each step's reasoning, the extracted answer), batched
+    """The deltas of a Turn's streamed parts (each step's reasoning and code, an extracted answer), batched
     (DELTA_SECONDS, DELTA_CHUNKS). The stream's reader adds chunks to the open part; a part's
     begin and end come through the same stream, in order with its chunks, so a chunk is never
     taken for another part's, and none is sent after its part's end (what the stream still held
