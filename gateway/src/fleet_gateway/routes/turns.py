@@ -37,9 +37,11 @@ from fleet_shared.tracing import child_span, inbound, traceparent_of
 log = structlog.get_logger(__name__)
 TURN_STREAM_DESCRIPTION = (
     "The Turn as an AI SDK UI message stream v1 (`x-vercel-ai-ui-message-stream: v1`): frames "
-    "`id: <seq>.<k>` + `data: <one JSON chunk>`: optional `data-status` heartbeats, one `start` "
-    "(messageId = the Run id), the body (`start-step`/`finish-step`, `reasoning-*`, "
-    "`tool-input-available`/`tool-output-available`/`tool-output-error`, `text-*`, `data-skill`, "
+    "`id: <seq>.<k>` (control frames `<seq>.<k>.<n>`) + `data: <one JSON chunk>`: optional "
+    "`data-status` heartbeats, one `start` (messageId = the Run id), the body "
+    "(`start-step`/`finish-step`, `reasoning-*`, `tool-input-start`/`tool-input-delta`/"
+    "`tool-input-available`/`tool-input-error`, `tool-output-available`/`tool-output-error`, "
+    "`text-*`, `data-skill`, "
     "`data-attachment`, `data-artifact`, `data-child-progress`, `data-warning`, `data-usage`), one "
     "terminal (`finish`, `error` + `finish`, or `abort`), then `data: [DONE]`. docs/api.md has "
     "every field."
@@ -55,8 +57,6 @@ TraceParent = Annotated[
         "to it (or continues it, with observability.tracing.trust_inbound_context)",
     ),
 ]
-# Litestar validates it (a 422 `validation_error` in the envelope): 1-128 printable ASCII
-# characters, not all of them spaces.
 Prefer = Annotated[
     str | None,
     HeaderParameter(
@@ -66,6 +66,8 @@ Prefer = Annotated[
         "stream; the stream stays at `GET /api/runs/{id}/stream`",
     ),
 ]
+# Litestar validates it (a 422 `validation_error` in the envelope): 1-128 printable ASCII
+# characters, not all of them spaces.
 IdempotencyKey = Annotated[
     str,
     HeaderParameter(
