@@ -46,13 +46,16 @@ class TurnRequest(Input):
     text: Annotated[str, msgspec.Meta(min_length=1, max_length=100_000, pattern=NO_NUL)]
     attachment_ids: Annotated[list[uuid.UUID], msgspec.Meta(max_length=20)] = []
     skill_selections: Annotated[list[SkillSelection], msgspec.Meta(max_length=4)] = []
-    # What to do when a Turn is already running in the session: `reject` it (409), or
-    # `interrupt` it (cancel it, then run this one). Not part of the request's fingerprint.
+    # What to do when a Turn is already running in the session: `reject` this one (409),
+    # `enqueue` it behind (fleet_shared.db.waiting), or `interrupt` (cancel what runs and waits,
+    # then run this one). Not part of the request's fingerprint.
     multitask: Annotated[
-        Literal["reject", "interrupt"],
+        Literal["reject", "enqueue", "interrupt"],
         msgspec.Meta(
-            description="with a Turn already running in the session: `reject` this one (409), or "
-            "`interrupt` the running one (cancel it, wait up to 10 s for its end, then run this one)"
+            description="with a Turn already running in the session: `reject` this one (409); "
+            "`enqueue` it (it waits, status `waiting`, and runs once every Turn ahead of it has "
+            "settled, reading their answers); or `interrupt` (cancel the waiting Turns and the running "
+            "one, wait up to 10 s for its end, then run this one)"
         ),
     ] = "reject"
 
@@ -188,6 +191,10 @@ class TurnAccepted(msgspec.Struct, frozen=True, kw_only=True):
 
     run_id: str
     session_id: str
+    # `waiting` (behind the session's running Turn), `queued`, or, for a replayed key, any later
+    status: str
+    # A waiting Run's: how many Turns of the session run or wait ahead of it (0 otherwise)
+    ahead: int = 0
     replayed: bool  # the Idempotency-Key had made this Run before
 
 
@@ -225,7 +232,7 @@ class RunOut(msgspec.Struct, frozen=True, kw_only=True):
 
     id: str
     session_id: str
-    status: Literal["queued", "running", "completed", "failed", "cancelled", "timed_out"]
+    status: Literal["waiting", "queued", "running", "completed", "failed", "cancelled", "timed_out"]
     attempt: int
     model: str
     created_at: str

@@ -214,6 +214,9 @@ class LimitsSection(Section):
     # Uploads one client (the socket peer's address) may have in progress in one gateway process;
     # the next gets 429 until one has been received. Behind a proxy every client is the proxy.
     max_concurrent_uploads_per_client: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 4
+    # Follow-ups (`multitask: enqueue`) one session may have waiting behind its active Turn; one
+    # more is 409 `queue_full`.
+    max_waiting_turns: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 32
 
 
 # Signature algorithms a JWT may use: asymmetric only, so a verifier never holds a signing

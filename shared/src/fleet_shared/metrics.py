@@ -34,7 +34,7 @@ QUEUE_DEPTH_TIMEOUT_SECONDS = 1.0
 QUEUE_COUNTS_MAX_AGE_SECONDS = 2.0
 
 ReaperAction = Literal["settled_lost", "settled_cancelled", "requeued", "failed_enqueue_lost"]
-CancelStage = Literal["queued", "running"]
+CancelStage = Literal["waiting", "queued", "running"]
 
 REAPER_ACTIONS = Counter(
     "fleet_reaper_actions",

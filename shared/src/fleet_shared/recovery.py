@@ -9,12 +9,16 @@ Run is recovered even when no worker is alive; one process sweeps per interval (
   from this process), every lease may be missing at once while its owner is fine: the sweep then
   settles nothing for twice `lease_seconds`, which lets live workers take their leases back.
 - A lost Run whose client had asked to cancel it is settled `cancelled`, not `worker_lost`.
+- Every ending here promotes the follow-up waiting behind the Run (fleet_shared.db.waiting), whose
+  job it then enqueues; a session whose follow-ups wait behind no active Run gets its first one
+  promoted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -26,10 +30,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fleet_shared import redis_keys
-from fleet_shared.db import queries, runs
+from fleet_shared.db import queries, runs, waiting
+from fleet_shared.db.engine import run_whole
 from fleet_shared.db.models import Run
 from fleet_shared.event_log import Appended, RunLog, lease_token, read_all_after
 from fleet_shared.events import RunCancelled, RunEvent, RunFailed, ends_run
+from fleet_shared.followups import start_promoted
 from fleet_shared.jobs import JobQueue
 from fleet_shared.metrics import count_reaper_action
 from fleet_shared.run_state import RunCommand, RunStatus
@@ -128,8 +134,8 @@ class Sweeper:
             self.quiet_until = loop.time() + self.grace
 
     async def sweep(self) -> int:
-        """One sweep. Returns how many Runs it settled or re-enqueued."""
-        return await self.settle_lost_runs() + await self.requeue_lost_jobs()
+        """One sweep. Returns how many Runs it settled, re-enqueued or promoted."""
+        return await self.settle_lost_runs() + await self.requeue_lost_jobs() + await self.promote_stranded()
 
     async def settle_lost_runs(self) -> int:
         # A Run just started may not have written its lease yet: only look one lease period back.
@@ -186,6 +192,7 @@ class Sweeper:
                 if not await runs.commit_settlement(db, settlement):
                     return 0
             await append_from(self.runlog, settlement.events, token)
+            await start_promoted(self.db_sessions, self.jobs, run.session_id)
             log.warning("sweep.settled_lost_run", run_id=run.id, attempt=run.attempt + 1, cancelled=cancelled)
             count_reaper_action("settled_cancelled" if cancelled else "settled_lost")
             return 1
@@ -210,9 +217,10 @@ class Sweeper:
     async def requeue(self, run: Run, now: datetime) -> int:
         if await self.jobs.pending(run.id):
             return 0  # waiting its turn in the queue, or being picked up right now
-        created = run.created_at if run.created_at.tzinfo else run.created_at.replace(tzinfo=UTC)
-        if now - created > QUEUED_GIVE_UP:
-            return await self.fail_queued(run.id)
+        queued = run.queued_at or run.created_at  # its promotion, for a follow-up
+        queued = queued if queued.tzinfo else queued.replace(tzinfo=UTC)
+        if now - queued > QUEUED_GIVE_UP:
+            return await self.fail_queued(run)
         # A job that failed before claiming the Run (say, the DB was down) left a result that would
         # refuse the same job id: requeue clears it, as the Run itself says the work is to do.
         if not await self.jobs.requeue(run.id):
@@ -221,15 +229,29 @@ class Sweeper:
         count_reaper_action("requeued")
         return 1
 
-    async def fail_queued(self, run_id: str) -> int:
+    async def fail_queued(self, run: Run) -> int:
         async with self.db_sessions() as db:
-            terminal = await runs.fail_queued_run(db, run_id, "enqueue_lost", ENQUEUE_LOST_MESSAGE)
+            terminal = await runs.fail_queued_run(db, run.id, "enqueue_lost", ENQUEUE_LOST_MESSAGE)
         if terminal is None:
             return 0
         await publish_ending(self.runlog, terminal, self.owner, self.lease_ms)
-        log.warning("sweep.failed_lost_job", run_id=run_id)
+        await start_promoted(self.db_sessions, self.jobs, run.session_id)
+        log.warning("sweep.failed_lost_job", run_id=run.id)
         count_reaper_action("failed_enqueue_lost")
         return 1
+
+    async def promote_stranded(self) -> int:
+        """Follow-ups that wait behind no active Run (the Run ahead was withdrawn): the first of
+        each such session is promoted and its job enqueued."""
+        stranded = await run_whole(self.db_sessions, waiting.stranded_sessions_on)
+        moved = 0
+        for session_id in stranded:
+            promote = functools.partial(waiting.promote_stranded_on, session_id=session_id)
+            if await run_whole(self.db_sessions, promote) is not None:
+                await start_promoted(self.db_sessions, self.jobs, session_id)
+                log.warning("sweep.promoted_stranded", session_id=session_id)
+                moved += 1
+        return moved
 
 
 def lost_run_settlement(run: Run, logged: list[RunEvent], *, cancelled: bool) -> runs.Settlement:

@@ -15,7 +15,7 @@ from fleet_gateway.schemas import SkillSelection, TurnRequest
 def test_the_fingerprint_is_the_requests_canonical_bytes_whatever_its_follow_up_strategy() -> None:
     attached = [uuid.UUID(int=1)]
     skills = [SkillSelection(id="csv", expected_version="2")]
-    for multitask in ("reject", "interrupt"):
+    for multitask in ("reject", "enqueue", "interrupt"):
         request = TurnRequest(
             text="hi", attachment_ids=attached, skill_selections=skills, multitask=multitask
         )
@@ -29,4 +29,4 @@ def test_the_fingerprint_is_the_requests_canonical_bytes_whatever_its_follow_up_
 
 def test_an_unknown_follow_up_strategy_is_refused() -> None:
     with pytest.raises(msgspec.ValidationError, match="multitask"):
-        msgspec.json.decode(b'{"text":"hi","multitask":"enqueue"}', type=TurnRequest)
+        msgspec.json.decode(b'{"text":"hi","multitask":"queue"}', type=TurnRequest)

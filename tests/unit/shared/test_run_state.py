@@ -11,6 +11,7 @@ from fleet_shared.run_state import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
     TRANSITIONS,
+    UNSETTLED_STATUSES,
     Decision,
     RunCommand,
     RunStatus,
@@ -23,6 +24,8 @@ S, C = RunStatus, RunCommand
 
 # The spec, written out independently of the module's own table.
 EXPECTED: dict[tuple[RunStatus, RunCommand], RunStatus] = {
+    (S.WAITING, C.PROMOTE): S.QUEUED,
+    (S.WAITING, C.CANCEL): S.CANCELLED,
     (S.QUEUED, C.START): S.RUNNING,
     (S.QUEUED, C.FAIL): S.FAILED,
     (S.QUEUED, C.CANCEL): S.CANCELLED,
@@ -39,6 +42,7 @@ ALL_PAIRS = list(itertools.product(RunStatus, RunCommand))
 
 def test_enums_are_the_documented_values() -> None:
     assert [s.value for s in RunStatus] == [
+        "waiting",
         "queued",
         "running",
         "completed",
@@ -53,6 +57,7 @@ def test_enums_are_the_documented_values() -> None:
         "cancel",
         "time_out",
         "take_over",
+        "promote",
     ]
 
 
@@ -93,6 +98,7 @@ ENDINGS = {
     (S.RUNNING, C.TIME_OUT): ({S.RUNNING}, S.TIMED_OUT),
     (S.QUEUED, C.FAIL): ({S.QUEUED}, S.FAILED),
     (S.QUEUED, C.CANCEL): ({S.QUEUED}, S.CANCELLED),
+    (S.WAITING, C.CANCEL): ({S.WAITING}, S.CANCELLED),
 }
 
 
@@ -107,17 +113,19 @@ def test_every_ending(status: RunStatus, command: RunCommand) -> None:
     assert decide_ending(status, command) == Decision(frozenset(sources), target, bumps_attempt=False)
 
 
-def test_every_active_status_can_fail_and_cancel() -> None:
+def test_every_active_status_can_fail_and_cancel_and_a_waiting_one_can_be_cancelled() -> None:
     for status in ACTIVE_STATUSES:
         assert decide(status, RunCommand.FAIL).target is RunStatus.FAILED
         assert decide(status, RunCommand.CANCEL).target is RunStatus.CANCELLED
+    assert decide(RunStatus.WAITING, RunCommand.CANCEL).target is RunStatus.CANCELLED
 
 
 def test_every_target_is_reachable_and_every_terminal_status_is_a_sink() -> None:
     targets = set(EXPECTED.values())
-    assert targets == set(RunStatus) - {RunStatus.QUEUED}
-    assert all(target in TERMINAL or command in CLAIMING for (_status, command), target in EXPECTED.items())
-    assert {status for status, _ in EXPECTED} == set(ACTIVE_STATUSES)
+    assert targets == set(RunStatus) - {RunStatus.WAITING}
+    moves = {C.PROMOTE} | CLAIMING
+    assert all(target in TERMINAL or command in moves for (_status, command), target in EXPECTED.items())
+    assert {status for status, _ in EXPECTED} == set(UNSETTLED_STATUSES)
 
 
 @pytest.mark.parametrize("status", list(RunStatus))
@@ -126,7 +134,8 @@ def test_is_terminal(status: RunStatus) -> None:
     assert is_terminal(status) is expected
     assert is_terminal(status.value) is expected
     assert (status in TERMINAL_STATUSES) is expected
-    assert (status in ACTIVE_STATUSES) is not expected
+    assert (status in UNSETTLED_STATUSES) is not expected
+    assert (status in ACTIVE_STATUSES) is (status in {S.QUEUED, S.RUNNING})
 
 
 def test_is_terminal_rejects_unknown_status() -> None:

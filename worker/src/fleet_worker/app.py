@@ -100,6 +100,7 @@ def build_worker(settings: Settings, *, burst: bool = False) -> JobWorker:
             programs=ThreadPoolExecutor(concurrency, thread_name_prefix="fleet-rlm"),
             sandbox_ops=ThreadPoolExecutor(concurrency + 2, thread_name_prefix="fleet-sandbox-ops"),
             cancels=cancels,
+            jobs=ArqJobQueue(redis, queue),
             prices=await asyncio.to_thread(PriceBook.of, settings),
             worker_id=worker_id,
         )
@@ -227,5 +228,5 @@ def make_sweeper(deps: WorkerDeps) -> Sweeper:
         runlog=deps.runlog,
         lease_seconds=deps.settings.profile.worker.lease_seconds,
         owner=f"worker:{deps.worker_id}",
-        jobs=ArqJobQueue(deps.redis, deps.settings.profile.worker.queue_name),
+        jobs=deps.jobs,
     )

@@ -22,6 +22,8 @@ from fleet_shared.db import queries, runs, workspace_versions
 from fleet_shared.db.engine import run_whole
 from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import ChildProgress, RunWarning, StatusChanged
+from fleet_shared.followups import start_promoted
+from fleet_shared.jobs import JobQueue
 from fleet_shared.manifests import Manifest, ManifestCache, WorkspaceState
 from fleet_shared.run_state import RunCommand, RunStatus
 from fleet_shared.shutdown import finish_even_if_cancelled
@@ -75,6 +77,7 @@ class WorkerDeps:
     programs: Executor  # RLM programs, one thread per concurrent Turn
     sandbox_ops: Executor  # acquire, interrupt, release: never queued behind a program
     cancels: CancelListener
+    jobs: JobQueue  # a follow-up's, once this worker ended the Run ahead of it
     prices: PriceBook = NO_PRICES  # each configured LM's, resolved at start
     worker_id: str = "worker"
     # Manifests this worker decoded or captured: a warm session's claim reads no entries.
@@ -376,6 +379,7 @@ async def settle_and_commit(deps: WorkerDeps, turn: HeldTurn, outcome: Outcome) 
         log.warning("turn.fenced_out")
         return "fenced"
     await sink.finish(within=PUBLISH_TERMINAL_SECONDS)
+    await start_promoted(deps.db_sessions, deps.jobs, claim.session_id)  # a follow-up waited
     return settlement.turn_status
 
 

@@ -29,7 +29,7 @@ from fleet_shared.config_file import QuotaLimits
 from fleet_shared.db import queries, runs, scoped, skills
 from fleet_shared.db.models import Attachment, Run, Skill
 from fleet_shared.ids import parse_uuid
-from fleet_shared.run_state import is_terminal
+from fleet_shared.run_state import RunStatus, is_terminal
 from fleet_shared.skills import SKILL_ID
 from fleet_shared.tenancy import Principal
 from fleet_shared.tracing import child_span, inbound, traceparent_of
@@ -187,6 +187,7 @@ class TurnController(Controller):
                 selected = await check_skills(db, data)
         session_id = canonical
         limits = gw.settings.profile.quotas.of(caller.tenant)
+        gateway_limits = gw.settings.profile.gateway.limits
         attributes = {"fleet.session_id": session_id, "fleet.tenant": caller.tenant}
         trusted = gw.settings.profile.observability.tracing.trust_inbound_context
         parent, links = inbound(traceparent, trusted)
@@ -205,6 +206,7 @@ class TurnController(Controller):
                 attachments=attachments,
                 skills=selected,
                 traceparent=traceparent_of(submit),
+                waiting_limit=gateway_limits.max_waiting_turns if data.multitask == "enqueue" else 0,
             )
             with child_span("turn.claim", submit):
                 outcome = await claim()
@@ -216,7 +218,6 @@ class TurnController(Controller):
                 timing += f", interrupt;dur={(time.perf_counter() - began) * 1000:.3f}"
                 with child_span("turn.claim", submit):
                     outcome = await claim()  # the interrupted Run has ended: this one's turn
-            claimed = time.perf_counter()
             if isinstance(outcome, queries.ClaimRefused):
                 submit.set_attribute("fleet.refused", outcome.reason)
                 raise refusal(outcome, limits)
@@ -224,14 +225,15 @@ class TurnController(Controller):
             submit.set_attributes({"fleet.run_id": run.id, "fleet.replayed": not outcome.created})
             structlog.contextvars.bind_contextvars(run_id=run.id, session_id=session_id)
             if outcome.created:
-                log.info("turn.claimed")
-                if limits.turns_per_minute or limits.lm_tokens_per_day:
-                    await within_counted_quotas(gw, run, caller.tenant, limits)
-                with child_span("turn.enqueue", submit):
-                    await enqueue(gw, run)
-                timing += f", enqueue;dur={(time.perf_counter() - claimed) * 1000:.3f}"
+                timing += await start(gw, submit, run, caller.tenant, limits)
         if responds_async(request.headers.getall("prefer", [])):
-            accepted = TurnAccepted(run_id=run.id, session_id=session_id, replayed=not outcome.created)
+            accepted = TurnAccepted(
+                run_id=run.id,
+                session_id=session_id,
+                status=run.status,
+                ahead=outcome.ahead,
+                replayed=not outcome.created,
+            )
             headers = {
                 "Location": f"/api/runs/{run.id}",
                 "Preference-Applied": "respond-async",
@@ -284,6 +286,20 @@ class TurnController(Controller):
         return TurnPage(items, rows[-1].sequence if more and rows else None)
 
 
+async def start(gw: GatewayState, submit: Span, run: Run, tenant: str, limits: QuotaLimits) -> str:
+    """A new Run counted against the tenant's quotas, then its job queued, unless it waits behind
+    the session's running Turn (its job is queued when it is promoted). Its Server-Timing entry."""
+    claimed = time.perf_counter()
+    log.info("turn.claimed", status=run.status)
+    if limits.turns_per_minute or limits.lm_tokens_per_day:
+        await within_counted_quotas(gw, run, tenant, limits)
+    if run.status != RunStatus.QUEUED.value:
+        return ""
+    with child_span("turn.enqueue", submit):
+        await enqueue(gw, run)
+    return f", enqueue;dur={(time.perf_counter() - claimed) * 1000:.3f}"
+
+
 def to_interrupt(outcome: queries.Claimed | queries.ClaimRefused, data: TurnRequest) -> str | None:
     """With `multitask: interrupt`, the session's running Turn that refused this one."""
     if data.multitask != "interrupt" or not isinstance(outcome, queries.ClaimRefused):
@@ -332,6 +348,9 @@ def refusal(outcome: queries.ClaimRefused, limits: QuotaLimits) -> ApiError:
             )
         case "active_turns_quota":
             return over_active_turns(limits)
+        case "queue_full":
+            message = "this session's line of waiting Turns is full: wait for one to start, or interrupt"
+            return ApiError(409, "queue_full", message)
         case "idempotency_key_mismatch":
             return ApiError(
                 409,

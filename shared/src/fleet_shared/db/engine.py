@@ -38,6 +38,7 @@ REVISIONS = (
     "0008_no_settling_status",
     "0009_tenancy",
     "0010_run_traceparent",
+    "0011_waiting_runs",
 )
 HEAD_REVISION = REVISIONS[-1]
 CONNECT_TIMEOUT_SECONDS = 5

@@ -98,6 +98,8 @@ class Run(Base):
             postgresql_where=ACTIVE_SQL,
             sqlite_where=ACTIVE_SQL,
         ),
+        # A session's waiting Runs, in the order they were accepted (migration 0011).
+        UniqueConstraint("session_id", "waiting_place", name="uq_runs_session_waiting_place"),
         # The recovery sweep's lookups (migration 0002).
         Index("ix_runs_status_started_at", "status", "started_at"),
         Index("ix_runs_status_created_at", "status", "created_at"),
@@ -120,6 +122,12 @@ class Run(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     # The W3C traceparent of its `turn.submit` span (fleet_shared.tracing); None: not traced.
     traceparent: Mapped[str | None] = mapped_column(String(64), default=None)
+    # A follow-up accepted behind the active Run (`waiting`): its place in the session's line, and
+    # the user Turn's parts, added to the history when it is promoted to `queued` (so the history
+    # only ever grows at its end). `queued_at`: when it was promoted (NULL: queued at its claim).
+    waiting_place: Mapped[int | None] = mapped_column(Integer, default=None)
+    waiting_parts: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
+    queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
 
 
 class Turn(Base):

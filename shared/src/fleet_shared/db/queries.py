@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal, assert_never, cast
 
 import msgspec
 from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func, insert, or_, select, text
@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session as OrmSession
 
+from fleet_shared.db import waiting
 from fleet_shared.db.engine import sqlite_twin
 from fleet_shared.db.models import (
     ACTIVE_SESSION,
@@ -93,6 +94,7 @@ def contains_pattern(text: str) -> str:
 class Claimed(msgspec.Struct, frozen=True):
     run: Run
     created: bool  # False: the same key and body named an existing Run (replay or attach)
+    ahead: int = 0  # a waiting Run's: how many Turns of its session run or wait ahead of it
 
 
 class ClaimRefused(msgspec.Struct, frozen=True):
@@ -102,6 +104,7 @@ class ClaimRefused(msgspec.Struct, frozen=True):
         "session_archived",
         "unknown_session",
         "active_turns_quota",
+        "queue_full",
     ]
     run_id: str | None = None
 
@@ -147,6 +150,9 @@ CLAIM_CONTEXT = (
     # orders them anyway; it renders no locking clause).
     .with_for_update(read=True, of=SESSIONS)
 )
+# An enqueue claim holds it FOR UPDATE instead: enqueue claims, and the endings that promote a
+# waiting Run, then take their turns (fleet_shared.db.waiting).
+CLAIM_CONTEXT_EXCLUSIVE = CLAIM_CONTEXT.with_for_update(of=SESSIONS)
 # What a claim sets; the other columns stay SQL NULL (a JSON column given None would store `null`).
 CLAIMED_COLUMNS = (
     "id", "session_id", "status", "attempt", "idempotency_key", "request_fingerprint", "model",
@@ -189,6 +195,9 @@ class ClaimRequest:
     caller: Principal
     active_limit: int = 0  # the tenant's quota of active Turns; 0: none
     traceparent: str | None = None  # the POST's span (fleet_shared.tracing); None: not traced
+    # `multitask: enqueue`: with a Run active, wait behind it while fewer than this many do;
+    # 0: refuse (`turn_in_progress`).
+    waiting_limit: int = 0
 
 
 def read_claim_context(connection: Connection, request: ClaimRequest) -> ClaimContext:
@@ -196,7 +205,8 @@ def read_claim_context(connection: Connection, request: ClaimRequest) -> ClaimCo
     even when no Run matches (and no row at all means no session). A session the caller may not
     change reads as none: another tenant's is the same 404 as an unknown one."""
     key = request.idempotency_key
-    rows = connection.execute(CLAIM_CONTEXT, {"session_id": request.session_id, "key": key}).all()
+    statement = CLAIM_CONTEXT_EXCLUSIVE if request.waiting_limit else CLAIM_CONTEXT
+    rows = connection.execute(statement, {"session_id": request.session_id, "key": key}).all()
     if not rows or rows[0][0] == DELETED or not request.caller.may_change(rows[0][1], rows[0][2]):
         return ClaimContext(None, None, None, 0)
     runs = [run_of(row[4:]) for row in rows if row[4] is not None]
@@ -240,6 +250,7 @@ async def claim_turn(
     attachments: Sequence[Attachment] = (),
     skills: Sequence[Skill] = (),
     traceparent: str | None = None,
+    waiting_limit: int = 0,
 ) -> Claimed | ClaimRefused:
     """In one transaction: honour the key, insert the queued Run and the user Turn (its text,
     then one `data-attachment` part per attachment and one `data-skill` part per selected skill:
@@ -263,8 +274,9 @@ async def claim_turn(
         *(selected_skill_part(skill) for skill in skills),
     ]
     request = ClaimRequest(
-        session_id, idempotency_key, fingerprint, model, parts, caller, active_limit, traceparent
-    )
+        session_id, idempotency_key, fingerprint, model, parts, caller, active_limit, traceparent,
+        waiting_limit,
+    )  # fmt: skip
     twin = sqlite_twin(engine)
     if twin is not None:
         return await twin.run(functools.partial(claim_on_twin, request=request))
@@ -279,14 +291,21 @@ def claim_on_twin(engine: Engine, request: ClaimRequest) -> Claimed | ClaimRefus
 
 
 def claim_transaction(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
-    """The claim's transaction on a connection it has to itself: committed only for a new Run."""
-    try:
-        outcome = insert_claim(connection, request)
-    except IntegrityError:
-        # A concurrent claim won the race: answer as if it had committed before we looked.
+    """The claim's transaction on a connection it has to itself: committed only for a new Run.
+    An enqueue claim that lost a race to the Run ahead of it ending tries again."""
+    for _ in range(ENQUEUE_TRIES if request.waiting_limit else 1):
+        try:
+            outcome = insert_claim(connection, request)
+        except IntegrityError:
+            # A concurrent claim won the race: answer as if it had committed before we looked.
+            connection.rollback()
+            context = read_claim_context(connection, request)
+            outcome = outcome_of(context, request.fingerprint) or ClaimRefused("turn_in_progress")
+        if outcome is not AHEAD_ENDED and not (request.waiting_limit and is_in_progress(outcome)):
+            break
         connection.rollback()
-        context = read_claim_context(connection, request)
-        outcome = outcome_of(context, request.fingerprint) or ClaimRefused("turn_in_progress")
+    if outcome is AHEAD_ENDED:
+        outcome = ClaimRefused("turn_in_progress")
     if isinstance(outcome, Claimed) and outcome.created:
         connection.commit()
     else:
@@ -296,11 +315,16 @@ def claim_transaction(connection: Connection, request: ClaimRequest) -> Claimed 
 
 def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
     """The Run (`queued`) and the user Turn inserted, unless the key's Run, an active Run or an
-    archived session, or the tenant's quota of active Turns answers first."""
+    archived session, or the tenant's quota of active Turns answers first. An enqueue claim
+    behind an active Run inserts a `waiting` Run instead (AHEAD_ENDED: that Run just ended)."""
     if request.active_limit and connection.dialect.name == "postgresql":
         connection.execute(TENANT_LOCK, {"key": f"fleet:active-turns:{request.caller.tenant}"})
     context = read_claim_context(connection, request)
     outcome = outcome_of(context, request.fingerprint)
+    if request.waiting_limit and is_in_progress(outcome):
+        return wait_behind(connection, request)
+    if isinstance(outcome, Claimed) and outcome.run.status == RunStatus.WAITING.value:
+        return Claimed(outcome.run, False, waiting.ahead_of(connection, request.session_id, outcome.run.id))
     if outcome is not None:
         return outcome
     stamp = utcnow()
@@ -336,24 +360,62 @@ def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | Cla
     return Claimed(Run(**values, **unset), created=True)
 
 
+ENQUEUE_TRIES = 3
+# An enqueue claim found the Run ahead of it ended meanwhile: claim again (as queued).
+AHEAD_ENDED = ClaimRefused("turn_in_progress")
+
+
+def is_in_progress(outcome: Claimed | ClaimRefused | None) -> bool:
+    return isinstance(outcome, ClaimRefused) and outcome.reason == "turn_in_progress"
+
+
+def wait_behind(connection: Connection, request: ClaimRequest) -> Claimed | ClaimRefused:
+    """The follow-up inserted `waiting` behind the session's active Run; its user Turn joins the
+    history when it is promoted (fleet_shared.db.waiting)."""
+    values = {
+        "id": new_id(), "session_id": request.session_id, "attempt": 0,
+        "idempotency_key": request.idempotency_key, "request_fingerprint": request.fingerprint,
+        "model": request.model, "last_seq": 0, "created_at": utcnow(), "traceparent": request.traceparent,
+    }  # fmt: skip
+    result = waiting.insert_waiting(connection, values, request.parts, request.waiting_limit)
+    match result:
+        case "inserted":
+            unset = dict.fromkeys(
+                ("failure_code", "failure_message", "usage", "started_at", "finished_at", "queued_at")
+            )
+            status = RunStatus.WAITING.value
+            run = Run(**values, **unset, status=status, user_sequence=0, waiting_parts=request.parts)
+            return Claimed(run, True, waiting.ahead_of(connection, request.session_id, run.id))
+        case "ahead_ended":
+            return AHEAD_ENDED
+        case "queue_full" | "session_archived" | "unknown_session":
+            return ClaimRefused(result)
+        case _:
+            assert_never(result)
+
+
 def same_key_outcome(run: Run, fingerprint: str) -> Claimed | ClaimRefused:
     if run.request_fingerprint != fingerprint:
         return ClaimRefused("idempotency_key_mismatch", run.id)
     return Claimed(run, created=False)
 
 
+WITHDRAWABLE = (RunStatus.QUEUED.value, RunStatus.WAITING.value)
+
+
 async def withdraw_claim(db: AsyncSession, run_id: str) -> bool:
-    """Undo a claim whose job could not be queued: the Run and its user Turn vanish, so the same
-    Idempotency-Key works again. False when a worker already started it (then it stays)."""
+    """Undo a claim whose job could not be queued, or that a quota refused: the Run and its user
+    Turn vanish, so the same Idempotency-Key works again. False when a worker already started it
+    (then it stays)."""
     run = await db.scalar(
-        select(Run.id).where(Run.id == run_id, Run.status == RunStatus.QUEUED.value, Run.attempt == 0)
+        select(Run.id).where(Run.id == run_id, Run.status.in_(WITHDRAWABLE), Run.attempt == 0)
     )
     if run is None:
         await db.rollback()
         return False
     await db.execute(delete(Turn).where(Turn.run_id == run_id))
     result = await db.execute(
-        delete(Run).where(Run.id == run_id, Run.status == RunStatus.QUEUED.value, Run.attempt == 0)
+        delete(Run).where(Run.id == run_id, Run.status.in_(WITHDRAWABLE), Run.attempt == 0)
     )
     if getattr(result, "rowcount", 0) != 1:
         await db.rollback()

@@ -16,13 +16,21 @@ from sqlalchemy import ColumnElement, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as OrmSession
 
-from fleet_shared.db import workspace_versions
+from fleet_shared.db import waiting, workspace_versions
 from fleet_shared.db.models import DELETED, Artifact, Run, RunEventRow, Session, Turn, utcnow
 from fleet_shared.db.queries import get_run
 from fleet_shared.db.workspace_versions import WorkspaceChange
 from fleet_shared.events import ArtifactCreated, RunCancelled, RunEvent, RunFailed, encode_event, event_type
 from fleet_shared.ids import new_id
-from fleet_shared.run_state import ACTIVE_STATUSES, Decision, RunCommand, RunStatus, decide, decide_ending
+from fleet_shared.run_state import (
+    ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    Decision,
+    RunCommand,
+    RunStatus,
+    decide,
+    decide_ending,
+)
 from fleet_shared.transcript import tombstone_parts
 
 TERMINAL_OR_QUEUED = frozenset(set(RunStatus) - {RunStatus.RUNNING})
@@ -63,7 +71,7 @@ def decision_update(
         changes["attempt"] = Run.attempt + 1
     if command is RunCommand.START:
         changes["started_at"] = utcnow()
-    if decision.target not in ACTIVE_STATUSES:
+    if decision.target in TERMINAL_STATUSES:
         changes.setdefault("finished_at", utcnow())
     query = update(Run).where(Run.id == run_id, Run.status.in_([s.value for s in decision.sources]))
     if attempt is not None:
@@ -181,7 +189,9 @@ async def commit_settlement(db: AsyncSession, s: Settlement) -> bool:
 
 
 def commit_settlement_on(db: OrmSession, s: Settlement) -> bool:
-    """commit_settlement on a synchronous session (fleet_shared.db.engine.run_whole)."""
+    """commit_settlement on a synchronous session (fleet_shared.db.engine.run_whole). The first
+    follow-up waiting behind the Run is promoted in the same transaction."""
+    waiting.lock_session_on(db, s.session_id)
     moved = decision_update(
         db,
         s.run_id,
@@ -251,6 +261,8 @@ def commit_settlement_on(db: OrmSession, s: Settlement) -> bool:
                 for e in s.events
             ],
         )
+    db.flush()
+    waiting.promote_next_on(db, s.session_id)
     db.commit()
     return True
 
@@ -281,9 +293,14 @@ async def get_runs(db: AsyncSession, run_ids: Sequence[str]) -> Sequence[Run]:
 
 
 async def stale_queued_runs(db: AsyncSession, *, created_before: datetime, limit: int = 50) -> Sequence[Run]:
+    """Queued Runs older than the cutoff: since their claim, or since their promotion."""
     rows = await db.scalars(
         select(Run)
-        .where(Run.status == RunStatus.QUEUED.value, Run.created_at < created_before)
+        .where(
+            Run.status == RunStatus.QUEUED.value,
+            Run.created_at < created_before,
+            func.coalesce(Run.queued_at, Run.created_at) < created_before,
+        )
         .order_by(Run.created_at)
         .limit(limit)
     )
