@@ -29,8 +29,9 @@ export interface TurnBody {
   readonly text: string;
   readonly attachment_ids: readonly string[];
   readonly skill_selections: readonly SkillSelection[];
-  /** `interrupt`: cancel the session's running Turn and run this one (the default rejects it). */
-  readonly multitask?: "interrupt";
+  /** With a Turn running in the session: `enqueue` waits behind it on the server, `interrupt`
+   * cancels it (and any waiting) and runs this one; the default rejects it (409). */
+  readonly multitask?: "enqueue" | "interrupt";
 }
 
 export interface AttachmentInfo {

@@ -45,6 +45,10 @@ export class App {
   private loaderStarted = 0;
   private loaderClock: ReturnType<typeof setInterval> | undefined;
   private active: ActiveTurn | undefined;
+  // Turns sent with /queue, waiting on the server behind the active one, oldest first: each
+  // streams already (heartbeats until it starts) and becomes the active one when that one ends.
+  private readonly queued: ActiveTurn[] = [];
+  private refusedPrompt: string | undefined; // typed while a Turn ran: what a bare /queue or /interrupt sends
   private readonly turns: TurnComponent[] = [];
   private exitResolve: ((code: number) => void) | undefined;
   private exiting = false;
@@ -90,6 +94,7 @@ export class App {
     if (this.exiting) return;
     this.exiting = true;
     this.active?.abort.abort();
+    for (const waiting of this.queued) waiting.abort.abort();
     this.stopLoader();
     this.tui.stop();
     this.exitResolve?.(code);
@@ -211,8 +216,16 @@ export class App {
         if (command.text) await this.prompt(command.text);
         return;
       case "interrupt": // with no Turn running here, a plain prompt (never another client's Turn)
-        await this.prompt(command.text, this.active !== undefined);
+      case "queue": {
+        const text = command.text || this.refusedPrompt;
+        this.refusedPrompt = undefined;
+        if (!text) {
+          this.notice(`usage: /${command.kind} <text> (or type the prompt, then /${command.kind})`, [], "error");
+          return;
+        }
+        await this.prompt(text, this.active ? (command.kind === "queue" ? "enqueue" : "interrupt") : "plain");
         return;
+      }
       case "exit":
         this.exit(0);
         return;
@@ -225,10 +238,12 @@ export class App {
   }
 
   /** Sends a Turn; with `interrupt`, one that cancels the running Turn on the server (whose
-   * stream then ends with its abort) and takes its place. */
-  private async prompt(text: string, interrupt = false): Promise<void> {
-    if (this.active && !interrupt) {
-      this.notice("a Turn is still running: wait for it, cancel it (Esc), or send /interrupt <text>", [], "error");
+   * stream then ends with its abort) and takes its place; with `enqueue`, one that waits on the
+   * server behind it and becomes the current Turn when the ones ahead have ended. */
+  private async prompt(text: string, mode: "plain" | "enqueue" | "interrupt" = "plain"): Promise<void> {
+    if (this.active && mode === "plain") {
+      this.refusedPrompt = text;
+      this.notice("a Turn is still running: queue this prompt, or interrupt?", ["/queue sends it once the running Turn has ended; /interrupt cancels that Turn and sends it now; Esc cancels the running Turn"], "error");
       return;
     }
     if (!this.sessionId) {
@@ -241,13 +256,18 @@ export class App {
       text,
       attachment_ids: attached.map((a) => a.id),
       skill_selections: this.skills.map(({ id, expected_version }) => ({ id, expected_version })),
-      ...(interrupt ? { multitask: "interrupt" as const } : {}),
+      ...(mode === "plain" ? {} : { multitask: mode }),
     };
     const component = this.addTurn(emptyTurn(text));
     const active: ActiveTurn = { abort: new AbortController(), component, cancelRequested: false };
     const previous = this.active; // the Turn this one interrupts, still streaming to its abort
-    this.active = active;
-    this.startLoader("sending…");
+    if (mode === "enqueue") {
+      this.queued.push(active);
+      this.notice(`queued: it runs once the ${this.queued.length === 1 ? "running Turn has" : `${this.queued.length} Turns ahead have`} ended`);
+    } else {
+      this.active = active;
+      this.startLoader("sending…");
+    }
     try {
       const view = await runTurn({
         api: this.api,
@@ -265,10 +285,14 @@ export class App {
       if (!active.runId && this.pendingAttachments.length === 0) this.pendingAttachments = attached; // never sent
     } finally {
       active.done = true;
+      const waited = this.queued.indexOf(active);
+      if (waited >= 0) this.queued.splice(waited, 1); // ended before its turn came (an interrupt cancelled it)
       if (this.active === active) {
-        // An interrupt that failed leaves the Turn it meant to replace running: that one is current again.
-        this.active = previous && !previous.done ? previous : undefined;
-        if (!this.active) this.stopLoader();
+        // An interrupt that failed leaves the Turn it meant to replace running: that one is current
+        // again; otherwise the first queued Turn (its stream already open) is now the current one.
+        this.active = previous && !previous.done && mode === "interrupt" ? previous : this.queued.shift();
+        if (this.active) this.startLoader(`run ${this.active.runId?.slice(0, 8) ?? ""} · queued`);
+        else this.stopLoader();
       }
       this.refresh();
     }

@@ -11,6 +11,7 @@ export type Command =
   | { readonly kind: "task" }
   | { readonly kind: "cancel" }
   | { readonly kind: "interrupt"; readonly text: string }
+  | { readonly kind: "queue"; readonly text: string }
   | { readonly kind: "exit" }
   | { readonly kind: "skills"; readonly query?: string }
   | { readonly kind: "skill"; readonly name: string }
@@ -33,7 +34,8 @@ export const COMMAND_HELP: readonly (readonly [string, string])[] = [
   ["/delete <id>", "delete a session and all it holds (8+ characters of its id confirm it)"],
   ["/task", "this session's goal and progress checkpoint"],
   ["/cancel", "cancel the running Turn (also Esc, or Ctrl+C)"],
-  ["/interrupt <text>", "cancel the running Turn and send this instead"],
+  ["/queue [text]", "send this once the running Turn has ended (it waits on the server); no text: the prompt just refused"],
+  ["/interrupt [text]", "cancel the running Turn (and any queued) and send this instead; no text: the prompt just refused"],
   ["/skills [query]", "list skill cards"],
   ["/skill <name|clear>", "select a skill for the next Turns, or clear the selection"],
   ["/attach <path>|list|clear", "upload a file for the next Turn; list or clear pending ones"],
@@ -72,8 +74,10 @@ export function parseCommand(line: string): Command {
       return none({ kind: "task" });
     case "cancel":
       return none({ kind: "cancel" });
-    case "interrupt":
-      return rest ? { kind: "interrupt", text: rest } : invalid("usage: /interrupt <text>");
+    case "interrupt": // no text: the prompt typed while a Turn ran (App keeps it)
+      return { kind: "interrupt", text: rest };
+    case "queue":
+      return { kind: "queue", text: rest };
     case "exit":
     case "quit":
       return none({ kind: "exit" });

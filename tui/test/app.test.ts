@@ -16,6 +16,8 @@ function fakeGateway(options: { abortOnCancel: boolean; refuseInterrupt?: boolea
   const calls: string[] = [];
   let created = 0;
   let turn: ReadableStreamDefaultController<Uint8Array> | undefined;
+  let endFirst: () => void = () => {};
+  const firstEnded = new Promise<void>((resolve) => (endFirst = resolve));
   const encoder = new TextEncoder();
   const json = (body: unknown): Response => new Response(JSON.stringify(body), { headers: { "content-type": "application/json" } });
   const fetcher: FetchLike = async (url, init) => {
@@ -35,6 +37,24 @@ function fakeGateway(options: { abortOnCancel: boolean; refuseInterrupt?: boolea
     if (method === "GET" && path === "/api/sessions/session-2-abcdef") return json({ id: "session-2-abcdef", title: "older", status: "idle" });
     if (method === "GET" && path === "/api/sessions/session-2-abcdef/turns") return json({ items: [], next_after_sequence: null });
     if (method === "DELETE" && /^\/api\/sessions\/session-(1|2-abcdef)$/.test(path)) return new Response(null, { status: 204 });
+    if (method === "POST" && /^\/api\/sessions\/[^/]+\/turns$/.test(path) && String(init?.body).includes('"multitask":"enqueue"')) {
+      // It waits on the server (heartbeats only) until the running Turn has ended, then runs.
+      const body = new ReadableStream<Uint8Array>({
+        async start(controller) {
+          controller.enqueue(encoder.encode(sseOf([{ id: "0.0.1", data: { type: "start", messageId: "run-3", messageMetadata: { runId: "run-3" } } }], false)));
+          await firstEnded;
+          const frames = [
+            { id: "1.0", data: { type: "text-start", id: "text-answer" } },
+            { id: "1.1", data: { type: "text-delta", id: "text-answer", delta: "Answered after it." } },
+            { id: "1.2", data: { type: "text-end", id: "text-answer" } },
+            { id: "2.0", data: { type: "finish", finishReason: "stop" } },
+          ];
+          controller.enqueue(encoder.encode(sseOf(frames)));
+          controller.close();
+        },
+      });
+      return new Response(body, { headers: { "content-type": "text/event-stream", "x-fleet-run-id": "run-3" } });
+    }
     if (method === "POST" && /^\/api\/sessions\/[^/]+\/turns$/.test(path) && String(init?.body).includes('"multitask":"interrupt"')) {
       if (options.refuseInterrupt) {
         return new Response(JSON.stringify({ code: "turn_in_progress", message: "the running Turn did not end in time" }), { status: 409, headers: { "content-type": "application/json" } });
@@ -72,6 +92,7 @@ function fakeGateway(options: { abortOnCancel: boolean; refuseInterrupt?: boolea
         setTimeout(() => {
           turn?.enqueue(encoder.encode(sseOf([{ id: "3.0", data: { type: "abort", reason: "Turn cancelled" } }])));
           turn?.close();
+          endFirst();
         }, 20);
       }
       return json({ run_id: RUN_ID, state: "requested" });
@@ -198,18 +219,38 @@ test("/delete takes a session id's prefix; deleting the current session starts a
   await exited;
 });
 
-test("/interrupt sends a Turn that takes the running one's place; a plain prompt meanwhile is refused", async () => {
+test("/interrupt sends a Turn that takes the running one's place; a plain prompt meanwhile asks queue or interrupt", async () => {
   const { calls, term, exited } = await open(false);
   await startTurn(term);
   term.type("another question");
   term.type("\r");
-  await term.waitFor("the refusal", (s) => s.includes("or send /interrupt <text>"), 5_000);
+  await term.waitFor("the question", (s) => s.includes("queue this prompt, or interrupt?"), 5_000);
   term.type("/interrupt what about this instead");
   term.type("\r");
   const screen = await term.waitFor("the old abort and the new answer", (s) => s.includes("■ Turn cancelled") && s.includes("Answered instead."), 5_000);
   assert.ok(screen.indexOf("■ Turn cancelled") < screen.indexOf("Answered instead."), screen);
   assert.equal(calls.filter((c) => c.startsWith("POST /api/sessions/session-1/turns")).length, 2);
   assert.deepEqual(calls.filter((c) => c.startsWith("PUT")), [], "the server cancels it: the client sends no cancel");
+  term.type(CTRL_C);
+  await exited;
+});
+
+test("/queue sends the refused prompt to wait behind the running Turn; it runs and becomes current once that one ends", async () => {
+  const { calls, term, exited } = await open(true);
+  await startTurn(term);
+  term.type("and then this");
+  term.type("\r");
+  await term.waitFor("the question", (s) => s.includes("queue this prompt, or interrupt?"), 5_000);
+  term.type("/queue");
+  term.type("\r");
+  await term.waitFor("the queued notice", (s) => s.includes("queued: it runs once the running Turn has ended"), 5_000);
+  const posts = calls.filter((c) => c.startsWith("POST /api/sessions/session-1/turns"));
+  assert.equal(posts.length, 2);
+  term.type(ESC); // cancels the running Turn, not the queued one
+  const screen = await term.waitFor("the abort, then the queued answer", (s) => s.includes("■ Turn cancelled") && s.includes("Answered after it."), 5_000);
+  assert.ok(screen.indexOf("■ Turn cancelled") < screen.indexOf("Answered after it."), screen);
+  assert.deepEqual(calls.filter((c) => c.startsWith("PUT")), [`PUT /api/runs/${RUN_ID}/cancellation`]);
+  await term.waitFor("the idle info line", (s) => s.includes("ctrl+c quit"), 5_000);
   term.type(CTRL_C);
   await exited;
 });

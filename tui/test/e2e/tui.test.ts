@@ -95,6 +95,24 @@ test("/interrupt cancels the running Turn on the server and streams the new one"
   await exited;
 });
 
+test("a prompt typed while a Turn runs asks queue or interrupt; /queue runs it after the running Turn has settled", async () => {
+  const { term, app, exited } = await openClient(stack.url);
+  term.type("cancel");
+  term.type("\r");
+  await term.waitFor("the slow LM call", (s) => s.includes("└ taking my time")); // the next LM answer takes 5 s
+  term.type("write me a reply");
+  term.type("\r");
+  await term.waitFor("the question", (s) => s.includes("queue this prompt, or interrupt?"));
+  term.type("/queue");
+  term.type("\r");
+  await term.waitFor("the queued notice", (s) => s.includes("queued: it runs once the running Turn has ended"));
+  const screen = await term.waitFor("the slow Turn's end, then the queued answer", (s) => s.includes("finished after the slow step") && s.includes("Hello from the scripted sub-LM. (4 words)"));
+  assert.ok(screen.indexOf("finished after the slow step") < screen.lastIndexOf("Hello from the scripted sub-LM. (4 words)"), screen);
+  assert.ok(!screen.includes("■ Turn cancelled"), screen);
+  app.exit(0);
+  await exited;
+});
+
 test("Ctrl+C cancels a running Turn; a second Ctrl+C quits", async () => {
   const { term, app, exited } = await openClient(stack.url);
   let code: number | undefined;
