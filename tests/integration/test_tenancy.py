@@ -63,6 +63,7 @@ def case(method: str, path: str, ids: dict[str, str]) -> tuple[str, dict[str, An
         ("GET", "/api/runs/{run_id}"): {},
         ("GET", "/api/runs/{run_id}/stream"): {},
         ("PUT", "/api/runs/{run_id}/cancellation"): {},
+        ("GET", "/api/runs/{run_id}/webhooks"): {},
         ("GET", "/api/artifacts/{artifact_id}"): {},
         ("GET", "/api/artifacts/{artifact_id}/content"): {},
         ("GET", "/api/attachments/{attachment_id}"): {},

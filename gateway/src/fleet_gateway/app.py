@@ -44,6 +44,7 @@ from fleet_gateway.routes.settings import SettingsController
 from fleet_gateway.routes.skills import SkillController
 from fleet_gateway.routes.turns import TurnController
 from fleet_gateway.routes.usage import get_usage
+from fleet_gateway.routes.webhooks import WebhookController
 from fleet_gateway.state import GatewayState
 from fleet_gateway.upload_gate import UploadGate
 from fleet_shared.blobs import open_blob_store
@@ -57,6 +58,7 @@ from fleet_shared.redis_conn import CONNECT_TIMEOUT_SECONDS, RETRY_ON_CONNECTION
 from fleet_shared.shutdown import bounded, stop_loop
 from fleet_shared.tokens_file import load_tokens
 from fleet_shared.tracing import shutdown_tracing
+from fleet_shared.webhook_delivery import deliverer_for
 
 log = structlog.get_logger(__name__)
 REDIS_RETRIES = 3  # 350 ms: a blip is absorbed; an outage is a quick 503 (clients retry)
@@ -103,6 +105,8 @@ def create_app(settings: Settings) -> Litestar:
             stack.push_async_callback(bounded, "gateway.background", state.stop_background)
             # Gateways sweep for lost Runs too, so a Run is recovered even when no worker is alive.
             await stack.enter_async_context(sweeping(make_sweeper(state)))
+            # Deliveries are rows: any gateway or worker with the secret sends the due ones.
+            await stack.enter_async_context(delivering(state))
             yield
 
     def provide_state() -> GatewayState:
@@ -118,6 +122,7 @@ def create_app(settings: Settings) -> Litestar:
             SessionController,
             TurnController,
             RunController,
+            WebhookController,
             AttachmentController,
             ArtifactController,
             FilesController,
@@ -216,6 +221,20 @@ async def sweeping(sweeper: Sweeper) -> AsyncIterator[None]:
         yield
     finally:
         await stop_loop("sweep", task, sweeper.stopping)
+
+
+@asynccontextmanager
+async def delivering(state: GatewayState) -> AsyncIterator[None]:
+    """The webhook delivery loop for the app's lifetime, with FLEET_WEBHOOK_SECRET set."""
+    deliverer = deliverer_for(state.settings, state.db_sessions, f"gateway:{state.process_id}")
+    if deliverer is None:
+        yield
+        return
+    task = asyncio.create_task(deliverer.run_forever(), name="fleet-webhooks")
+    try:
+        yield
+    finally:
+        await stop_loop("webhooks", task, deliverer.stopping)
 
 
 def dependency_down(what: str) -> Any:

@@ -38,9 +38,10 @@ async def request_cancellation(gw: GatewayState, db: AsyncSession, run: Run) -> 
         if await cancel_waiting(gw, run_id):
             count_cancel("waiting")
             return "requested"
-        run = await queries.get_run(db, run_id) or run  # promoted meanwhile, or ended
-        if is_terminal(run.status):
+        found = await queries.get_run(db, run_id)  # promoted meanwhile, ended, or withdrawn
+        if found is None or is_terminal(found.status):
             return "already_terminal"
+        run = found
     if run.status == RunStatus.QUEUED.value:
         if await cancel_queued(gw, db, run):
             count_cancel("queued")

@@ -30,11 +30,19 @@ class ForkSession(Input):
     title: Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)] | msgspec.UnsetType = msgspec.UNSET
 
 
+class WebhookTarget(Input):
+    """Where a settled Run is posted (docs/api.md, webhooks)."""
+
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+
+
 class UpdateSession(Input):
-    """PATCH a session: at least one field (`null` is not a value of either)."""
+    """PATCH a session: at least one field (`null` is a value of `webhook` only: it clears it)."""
 
     title: Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)] | msgspec.UnsetType = msgspec.UNSET
     status: Literal["active", "archived"] | msgspec.UnsetType = msgspec.UNSET
+    # The session's default webhook: every Run of it that names none is posted there.
+    webhook: WebhookTarget | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class SkillSelection(Input):
@@ -58,6 +66,9 @@ class TurnRequest(Input):
             "one, wait up to 10 s for its end, then run this one)"
         ),
     ] = "reject"
+    # Where the settled Run is posted (else the session's default, if any). Not part of the
+    # request's fingerprint: the first request's target stands for its key.
+    webhook: WebhookTarget | None = None
 
     def fingerprint_bytes(self) -> bytes:
         """The canonical request: same text, attachments and skills → same bytes, whatever the
@@ -78,6 +89,7 @@ class SessionOut(msgspec.Struct, frozen=True, kw_only=True):
     workspace_id: str
     created_at: str
     updated_at: str
+    webhook_url: str | None = None  # its Runs' default webhook
 
     @classmethod
     def of(cls, session: Session, iso: Any) -> SessionOut:
@@ -86,6 +98,7 @@ class SessionOut(msgspec.Struct, frozen=True, kw_only=True):
             title=session.title,
             status=session.status,  # type: ignore[arg-type]
             workspace_id=session.workspace_id,
+            webhook_url=session.webhook_url,
             created_at=iso(session.created_at),
             updated_at=iso(session.updated_at),
         )
@@ -405,3 +418,27 @@ class FeedbackOut(msgspec.Struct, frozen=True, kw_only=True):
             created_at=iso(row.created_at),
             forwarded=forwarded,
         )
+
+
+class WebhookAttemptOut(msgspec.Struct, frozen=True, kw_only=True):
+    number: int
+    started_at: str
+    duration_ms: int
+    status_code: int | None  # the receiver's answer; None: there was none (see `error`)
+    error: str | None
+
+
+class WebhookDeliveryOut(msgspec.Struct, frozen=True, kw_only=True):
+    """A settled Run's delivery to its webhook, and each attempt (GET /api/runs/{id}/webhooks)."""
+
+    id: str  # the `webhook-id` header of every attempt: the same for each
+    url: str
+    status: Literal["pending", "delivered", "failed"]
+    attempts: list[WebhookAttemptOut]
+    created_at: str
+    next_attempt_at: str | None  # pending: when it is tried next
+    finished_at: str | None
+
+
+class WebhookDeliveryPage(msgspec.Struct, frozen=True):
+    items: list[WebhookDeliveryOut]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import ipaddress
 import json
 import os
 import re
@@ -145,6 +148,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Host names the gateway answers to beyond loopback and its bind address: the profile's
     # gateway.allowed_hosts, then FLEET_ALLOWED_HOSTS (comma-separated; a chart sets it).
     allowed_hosts: tuple[str, ...] = ()
+    # FLEET_WEBHOOK_SECRET (`whsec_` + base64, Standard Webhooks): signs every delivery. Without
+    # it a Turn or session that names a webhook is refused, and this process delivers none.
+    webhook_secret: Secret | None = None
 
     @property
     def auth_required(self) -> bool:
@@ -228,7 +234,31 @@ def load_settings(environ: Mapping[str, str] | None = None, *, lm_credentials: b
         else resolve_blobs(profile.storage.blobs, f"{key_prefix}.storage.blobs", env),
         skills_dir=Path(env.get("FLEET_SKILLS_DIR") or base / "skills"),
         allowed_hosts=(*profile.gateway.allowed_hosts, *allowed_hosts_from(env)),
+        webhook_secret=webhook_secret_from(env, profile.webhooks.allowed_networks, key_prefix),
     )
+
+
+WEBHOOK_SECRET_ENV = "FLEET_WEBHOOK_SECRET"
+
+
+def webhook_secret_from(env: Mapping[str, str], networks: list[str], key_prefix: str) -> Secret | None:
+    """The signing secret, checked (its value is never echoed), and the allowed networks parsed."""
+    for entry in networks:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError(f"{key_prefix}.webhooks.allowed_networks: {entry!r} is not a network") from None
+    value = env.get(WEBHOOK_SECRET_ENV)
+    if not value:
+        return None
+    encoded = value.removeprefix("whsec_")
+    try:
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) < 24:
+        raise ConfigError(f"{WEBHOOK_SECRET_ENV} must be whsec_ and the base64 of 24 or more random bytes")
+    return Secret(value)
 
 
 def allowed_hosts_from(env: Mapping[str, str]) -> tuple[str, ...]:

@@ -187,6 +187,25 @@ class StorageSection(Section):
     session_ttl_days: Annotated[int, msgspec.Meta(ge=0, le=36_500, extra=FILE_ONLY)] = 0
 
 
+class WebhooksSection(Section):
+    """Where a settled Run is posted (fleet_shared.webhook_targets, fleet_shared.webhook_delivery);
+    the signing secret is FLEET_WEBHOOK_SECRET, never the file. Which targets are allowed is a
+    security boundary (SSRF): only the file on disk sets it."""
+
+    # http:// targets too (https only otherwise).
+    allow_http: Annotated[bool, msgspec.Meta(extra=FILE_ONLY)] = False
+    # Networks (CIDR, or one address) a target may resolve to although they are not public:
+    # private, loopback, link-local and reserved addresses are refused otherwise.
+    allowed_networks: Annotated[list[str], msgspec.Meta(max_length=100, extra=FILE_ONLY)] = []
+    # A failed delivery is tried again after this, doubling up to an hour, until give_up_seconds
+    # after the Run ended.
+    first_retry_seconds: Annotated[float, msgspec.Meta(ge=0.05, le=3_600)] = 5
+    give_up_seconds: Annotated[float, msgspec.Meta(ge=1, le=7 * 86_400)] = 86_400
+    timeout_seconds: Annotated[float, msgspec.Meta(ge=1, le=60)] = 10  # one attempt, all of it
+    # How often each gateway and worker looks for deliveries that are due.
+    poll_seconds: Annotated[float, msgspec.Meta(ge=0.05, le=60)] = 1
+
+
 class WorkerSection(Section):
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
     lease_seconds: Annotated[float, msgspec.Meta(ge=2)] = 3
@@ -339,6 +358,7 @@ class Profile(Section):
     gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
     observability: ObservabilitySection = msgspec.field(default_factory=ObservabilitySection)
     quotas: QuotasSection = msgspec.field(default_factory=QuotasSection)
+    webhooks: WebhooksSection = msgspec.field(default_factory=WebhooksSection)
 
 
 class FileHeader(Section):

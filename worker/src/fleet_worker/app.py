@@ -28,6 +28,7 @@ from fleet_shared.recovery import Sweeper
 from fleet_shared.redis_conn import connect, listener
 from fleet_shared.shutdown import bounded, stop_loop
 from fleet_shared.tracing import shutdown_tracing
+from fleet_shared.webhook_delivery import Deliverer, deliverer_for
 from fleet_shared.workspaces import relocated_root
 from fleet_worker.cancels import CancelListener
 from fleet_worker.prices import PriceBook
@@ -113,8 +114,13 @@ def build_worker(settings: Settings, *, burst: bool = False) -> JobWorker:
         if ctx.get("closed"):
             return
         sweeper: Sweeper | None = ctx.get("sweeper")
-        stops = {"sweep": sweeper.stopping if sweeper else None, "gc": ctx.get("gc_stopping")}
-        for name in ("sweep", "announce", "daytona_sweep", "scratch_sweep", "gc"):
+        deliverer: Deliverer | None = ctx.get("deliverer")
+        stops = {
+            "sweep": sweeper.stopping if sweeper else None,
+            "gc": ctx.get("gc_stopping"),
+            "webhooks": deliverer.stopping if deliverer else None,
+        }
+        for name in ("sweep", "announce", "daytona_sweep", "scratch_sweep", "gc", "webhooks"):
             task: asyncio.Task[None] | None = ctx.get(name)
             if task is not None:
                 await stop_loop(name, task, stops.get(name))
@@ -169,6 +175,10 @@ def start_background_loops(ctx: Context, deps: WorkerDeps) -> None:
             deps.redis, deps.db_sessions, deps.blobs, queue=queue, storage=storage, stopping=stopping
         )
         ctx["gc"] = asyncio.create_task(gc, name="fleet-gc")
+    deliverer = deliverer_for(settings, deps.db_sessions, f"worker:{deps.worker_id}")
+    if deliverer is not None:  # deliveries are rows: any worker or gateway sends the due ones
+        ctx["deliverer"] = deliverer
+        ctx["webhooks"] = asyncio.create_task(deliverer.run_forever(), name="fleet-webhooks")
 
 
 async def sweep_daytona(deps: WorkerDeps) -> None:

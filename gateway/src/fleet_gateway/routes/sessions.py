@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway import cancellation
 from fleet_gateway.errors import ApiError, not_found
+from fleet_gateway.routes.webhooks import checked_target
 from fleet_gateway.schemas import (
     MAX_INT32,
     NO_NUL,
@@ -88,18 +89,21 @@ class SessionController(Controller):
     async def update_session(
         self,
         db: NamedDependency[AsyncSession],
+        gw: NamedDependency[GatewayState],
         caller: NamedDependency[Principal],
         session_id: FromPath[str],
         data: JSONBody[UpdateSession],
     ) -> SessionOut:
-        """Rename and/or archive a session. An archived session refuses new Turns (409
-        `session_archived`); a Turn already running finishes, and history stays readable."""
-        if data.title is msgspec.UNSET and data.status is msgspec.UNSET:
-            raise ApiError(422, "validation_error", "body: set at least one of title, status")
+        """Rename and/or archive a session, or set (`null`: clear) its Runs' default webhook. An
+        archived session refuses new Turns (409 `session_archived`); a Turn already running
+        finishes, and history stays readable."""
+        if data.title is msgspec.UNSET and data.status is msgspec.UNSET and data.webhook is msgspec.UNSET:
+            raise ApiError(422, "validation_error", "body: set at least one of title, status, webhook")
+        webhook = None if data.webhook is msgspec.UNSET else (checked_target(gw.settings, data.webhook),)
         session = await load_session(db, session_id, caller, write=True)
         title = None if data.title is msgspec.UNSET else data.title.strip()
         status = None if data.status is msgspec.UNSET else data.status
-        updated = await queries.update_session(db, session.id, title=title, status=status)
+        updated = await queries.update_session(db, session.id, title=title, status=status, webhook=webhook)
         if updated is None:
             raise not_found("session")
         return SessionOut.of(updated, iso)

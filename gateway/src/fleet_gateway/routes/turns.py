@@ -22,12 +22,14 @@ from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.litestar_compat import EventStream
 from fleet_gateway.quotas import counted_refusal, over_active_turns
 from fleet_gateway.routes.sessions import load_session
+from fleet_gateway.routes.webhooks import checked_target
 from fleet_gateway.schemas import MAX_INT32, TurnAccepted, TurnPage, TurnRequest, UIMessage
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
 from fleet_shared.config_file import QuotaLimits
 from fleet_shared.db import queries, runs, scoped, skills
 from fleet_shared.db.models import Attachment, Run, Skill
+from fleet_shared.followups import start_promoted
 from fleet_shared.ids import parse_uuid
 from fleet_shared.run_state import RunStatus, is_terminal
 from fleet_shared.skills import SKILL_ID
@@ -170,6 +172,7 @@ class TurnController(Controller):
     ) -> EventStream | Response[TurnAccepted]:
         key = idempotency_key
         check_request(data, gw.settings.profile.gateway.limits.max_text_chars)
+        webhook_url = checked_target(gw.settings, data.webhook)
         # Plain strings from here on: a lost race rolls the DB session back, expiring ORM objects.
         canonical = parse_uuid(session_id)
         if canonical is None:
@@ -207,6 +210,7 @@ class TurnController(Controller):
                 skills=selected,
                 traceparent=traceparent_of(submit),
                 waiting_limit=gateway_limits.max_waiting_turns if data.multitask == "enqueue" else 0,
+                webhook_url=webhook_url,
             )
             with child_span("turn.claim", submit):
                 outcome = await claim()
@@ -399,9 +403,10 @@ async def withdraw(gw: GatewayState, run: Run) -> bool:
     """The claim undone (the key works again); false when it must be streamed after all."""
     try:
         async with gw.db_sessions() as db:
-            return await queries.withdraw_claim(
-                db, run.id
-            )  # false: a sweeper enqueued it, a worker started it
+            withdrawn = await queries.withdraw_claim(db, run.id)
+        if withdrawn:  # a follow-up that waited behind it is first now (Redis down: the sweep's)
+            await start_promoted(gw.db_sessions, gw.jobs, run.session_id)
+        return withdrawn  # false: a sweeper enqueued it, a worker started it
     except Exception as exc:
         # The DB is failing too: the Run stays queued, a sweeper enqueues it once Redis is back,
         # and a retry with the same key attaches to it.

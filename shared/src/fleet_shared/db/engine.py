@@ -39,6 +39,7 @@ REVISIONS = (
     "0009_tenancy",
     "0010_run_traceparent",
     "0011_waiting_runs",
+    "0012_webhooks",
 )
 HEAD_REVISION = REVISIONS[-1]
 CONNECT_TIMEOUT_SECONDS = 5

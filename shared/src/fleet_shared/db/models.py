@@ -84,6 +84,8 @@ class Session(Base):
     # the version counts those replacements (0: none yet).
     checkpoint_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     task: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # Where each of its Runs is posted when it ends, unless the Turn names its own (migration 0012).
+    webhook_url: Mapped[str | None] = mapped_column(String(2048), default=None)
 
 
 class Run(Base):
@@ -128,6 +130,8 @@ class Run(Base):
     waiting_place: Mapped[int | None] = mapped_column(Integer, default=None)
     waiting_parts: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
     queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    # Where it is posted when it ends (the Turn's `webhook`); NULL: its session's, if any.
+    webhook_url: Mapped[str | None] = mapped_column(String(2048), default=None)
 
 
 class Turn(Base):
@@ -217,3 +221,36 @@ class Feedback(Base):
     rating: Mapped[str] = mapped_column(String(8))  # "up" or "down"
     comment: Mapped[str | None] = mapped_column(Text, default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One settled Run posted to its webhook: the body is fixed when the Run ends, and every attempt
+    sends it with the same `webhook-id` (this id), so a receiver can drop a repeat."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_status_due", "status", "next_attempt_at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), unique=True)
+    session_id: Mapped[str] = mapped_column(String(36), index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    body: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))  # `pending`, `delivered` or `failed`
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # When it is due next; while an attempt is under way, when another process may take it over.
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+
+class WebhookAttempt(Base):
+    """One POST of a delivery: the answer's status code, or why there was none."""
+
+    __tablename__ = "webhook_attempts"
+
+    delivery_id: Mapped[str] = mapped_column(ForeignKey("webhook_deliveries.id"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    duration_ms: Mapped[int] = mapped_column(Integer)
+    status_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)

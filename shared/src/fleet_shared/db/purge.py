@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared import redis_keys
 from fleet_shared.blobs import BlobStore, artifact_key
+from fleet_shared.db import webhooks
 from fleet_shared.db.engine import run_whole
 from fleet_shared.db.models import (
     DELETED,
@@ -113,7 +114,9 @@ def run_keys(run_id: str) -> list[str]:
 
 
 def purge_on(db: OrmSession, session_id: str) -> Purged | None:
-    session = db.get(Session, session_id)
+    # The session row first (PostgreSQL): an ending that holds it FOR SHARE before it writes its
+    # Run (fleet_shared.db.waiting) then waits for the purge, instead of a deadlock.
+    session = db.get(Session, session_id, with_for_update=True)
     if session is None or session.status != DELETED:
         return None
     # A Run a worker holds ends first; a queued one goes with the rest (a worker that takes its
@@ -130,6 +133,7 @@ def purge_on(db: OrmSession, session_id: str) -> Purged | None:
     purged.artifacts = list(db.scalars(select(Artifact.id).where(Artifact.session_id == session_id)))
     db.execute(delete(Feedback).where(Feedback.session_id == session_id))
     db.execute(delete(Artifact).where(Artifact.session_id == session_id))
+    webhooks.delete_of_session_on(db, session_id)  # a Run handed over keeps none: they were the parent's
     for ids in chunks(purged.runs):
         db.execute(delete(RunEventRow).where(RunEventRow.run_id.in_(ids)))
     purged.turns = int(getattr(db.execute(delete(Turn).where(Turn.session_id == session_id)), "rowcount", 0))
@@ -175,7 +179,9 @@ def hand_over(db: OrmSession, session: Session, run_ids: list[str]) -> dict[str,
     for heir_id, ids in inherited.items():
         for part in chunks(ids):
             key = literal(INHERITED_KEY) + Run.id
-            db.execute(update(Run).where(Run.id.in_(part)).values(session_id=heir_id, idempotency_key=key))
+            # Its place in the parent's line of follow-ups means nothing in the heir's.
+            moved = {"session_id": heir_id, "idempotency_key": key, "waiting_place": None}
+            db.execute(update(Run).where(Run.id.in_(part)).values(**moved))
             db.execute(update(Artifact).where(Artifact.run_id.in_(part)).values(session_id=heir_id))
     return inherited
 
@@ -186,9 +192,12 @@ def heir_order(heir: tuple[str, str, datetime]) -> tuple[bool, datetime, str]:
 
 
 def only_its_attachments(db: OrmSession, session: Session) -> list[str]:
-    """The attachments the session's Turns name and no other session's Turn does (an attachment
-    is its tenant's: only the tenant's sessions are searched)."""
-    named: set[str] = set()
+    """The attachments the session's Turns (or follow-ups still waiting) name and no other
+    session's does (an attachment is its tenant's: only the tenant's sessions are searched)."""
+    waiting_parts = select(Run.waiting_parts).where(
+        Run.session_id == session.id, Run.waiting_parts.is_not(None)
+    )
+    named: set[str] = {found for (parts,) in db.execute(waiting_parts) for found in attachment_ids(parts)}
     after = -1
     while True:
         page = db.execute(
@@ -214,8 +223,18 @@ def only_its_attachments(db: OrmSession, session: Session) -> list[str]:
             .join(Session, Session.id == Turn.session_id)
             .where(Session.tenant_id == session.tenant_id, Turn.session_id != session.id, clause)
         )
-        for (parts,) in db.execute(elsewhere):
-            named_elsewhere.update(attachment_ids(parts))
+        waiting_text = cast(Run.waiting_parts, Text)
+        waiting_clause = or_(
+            *(waiting_text.contains(attachment_id, autoescape=True) for attachment_id in ids)
+        )
+        waiting_elsewhere = (
+            select(Run.waiting_parts)
+            .join(Session, Session.id == Run.session_id)
+            .where(Session.tenant_id == session.tenant_id, Run.session_id != session.id, waiting_clause)
+        )
+        for query in (elsewhere, waiting_elsewhere):
+            for (parts,) in db.execute(query):
+                named_elsewhere.update(attachment_ids(parts))
     return [attachment_id for attachment_id in mine if attachment_id not in named_elsewhere]
 
 

@@ -64,7 +64,12 @@ async def create_session(db: AsyncSession, title: str, owner: Principal) -> Sess
 
 
 async def update_session(
-    db: AsyncSession, session_id: str, *, title: str | None = None, status: str | None = None
+    db: AsyncSession,
+    session_id: str,
+    *,
+    title: str | None = None,
+    status: str | None = None,
+    webhook: tuple[str | None] | None = None,
 ) -> Session | None:
     """Change the title and/or status; None when the session does not exist, or was deleted
     (a conditional UPDATE: a PATCH racing a DELETE never brings the session back)."""
@@ -75,6 +80,8 @@ async def update_session(
         changes["title"] = title
     if status is not None:
         changes["status"] = status
+    if webhook is not None:  # (url,) sets it; (None,) clears it
+        changes["webhook_url"] = webhook[0]
     live = and_(SESSIONS.c.id == session_id, SESSIONS.c.status != DELETED)
     changed = await db.execute(SESSIONS.update().where(live).values(**changes))
     await db.commit()
@@ -156,7 +163,7 @@ CLAIM_CONTEXT_EXCLUSIVE = CLAIM_CONTEXT.with_for_update(of=SESSIONS)
 # What a claim sets; the other columns stay SQL NULL (a JSON column given None would store `null`).
 CLAIMED_COLUMNS = (
     "id", "session_id", "status", "attempt", "idempotency_key", "request_fingerprint", "model",
-    "user_sequence", "last_seq", "created_at", "traceparent",
+    "user_sequence", "last_seq", "created_at", "traceparent", "webhook_url",
 )  # fmt: skip
 INSERT_RUN_IF_ACTIVE = insert(RUNS).from_select(
     list(CLAIMED_COLUMNS),
@@ -198,6 +205,7 @@ class ClaimRequest:
     # `multitask: enqueue`: with a Run active, wait behind it while fewer than this many do;
     # 0: refuse (`turn_in_progress`).
     waiting_limit: int = 0
+    webhook_url: str | None = None  # where the Run is posted when it ends (else its session's)
 
 
 def read_claim_context(connection: Connection, request: ClaimRequest) -> ClaimContext:
@@ -251,6 +259,7 @@ async def claim_turn(
     skills: Sequence[Skill] = (),
     traceparent: str | None = None,
     waiting_limit: int = 0,
+    webhook_url: str | None = None,
 ) -> Claimed | ClaimRefused:
     """In one transaction: honour the key, insert the queued Run and the user Turn (its text,
     then one `data-attachment` part per attachment and one `data-skill` part per selected skill:
@@ -275,7 +284,7 @@ async def claim_turn(
     ]
     request = ClaimRequest(
         session_id, idempotency_key, fingerprint, model, parts, caller, active_limit, traceparent,
-        waiting_limit,
+        waiting_limit, webhook_url,
     )  # fmt: skip
     twin = sqlite_twin(engine)
     if twin is not None:
@@ -333,7 +342,7 @@ def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | Cla
         "attempt": 0, "idempotency_key": request.idempotency_key,
         "request_fingerprint": request.fingerprint, "model": request.model,
         "user_sequence": context.last_sequence + 1, "last_seq": 0, "created_at": stamp,
-        "traceparent": request.traceparent,
+        "traceparent": request.traceparent, "webhook_url": request.webhook_url,
     }  # fmt: skip
     # On SQLite the INSERT takes the write lock, so no archive lands before our commit; on
     # PostgreSQL an archive committed before this statement is seen here (READ COMMITTED reads
@@ -376,6 +385,7 @@ def wait_behind(connection: Connection, request: ClaimRequest) -> Claimed | Clai
         "id": new_id(), "session_id": request.session_id, "attempt": 0,
         "idempotency_key": request.idempotency_key, "request_fingerprint": request.fingerprint,
         "model": request.model, "last_seq": 0, "created_at": utcnow(), "traceparent": request.traceparent,
+        "webhook_url": request.webhook_url,
     }  # fmt: skip
     result = waiting.insert_waiting(connection, values, request.parts, request.waiting_limit)
     match result:
@@ -405,14 +415,16 @@ WITHDRAWABLE = (RunStatus.QUEUED.value, RunStatus.WAITING.value)
 
 async def withdraw_claim(db: AsyncSession, run_id: str) -> bool:
     """Undo a claim whose job could not be queued, or that a quota refused: the Run and its user
-    Turn vanish, so the same Idempotency-Key works again. False when a worker already started it
-    (then it stays)."""
-    run = await db.scalar(
-        select(Run.id).where(Run.id == run_id, Run.status.in_(WITHDRAWABLE), Run.attempt == 0)
+    Turn vanish, so the same Idempotency-Key works again, and a follow-up waiting behind it is
+    promoted (fleet_shared.followups starts it). False when a worker already started it (then it
+    stays)."""
+    session_id = await db.scalar(
+        select(Run.session_id).where(Run.id == run_id, Run.status.in_(WITHDRAWABLE), Run.attempt == 0)
     )
-    if run is None:
+    if session_id is None:
         await db.rollback()
         return False
+    await db.run_sync(waiting.lock_session_on, session_id)
     await db.execute(delete(Turn).where(Turn.run_id == run_id))
     result = await db.execute(
         delete(Run).where(Run.id == run_id, Run.status.in_(WITHDRAWABLE), Run.attempt == 0)
@@ -420,6 +432,7 @@ async def withdraw_claim(db: AsyncSession, run_id: str) -> bool:
     if getattr(result, "rowcount", 0) != 1:
         await db.rollback()
         return False
+    await db.run_sync(waiting.promote_next_on, session_id)
     await db.commit()
     return True
 

@@ -16,7 +16,7 @@ from sqlalchemy import ColumnElement, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as OrmSession
 
-from fleet_shared.db import waiting, workspace_versions
+from fleet_shared.db import waiting, webhooks, workspace_versions
 from fleet_shared.db.models import DELETED, Artifact, Run, RunEventRow, Session, Turn, utcnow
 from fleet_shared.db.queries import get_run
 from fleet_shared.db.workspace_versions import WorkspaceChange
@@ -192,10 +192,11 @@ def commit_settlement_on(db: OrmSession, s: Settlement) -> bool:
     """commit_settlement on a synchronous session (fleet_shared.db.engine.run_whole). The first
     follow-up waiting behind the Run is promoted in the same transaction."""
     waiting.lock_session_on(db, s.session_id)
+    ending = decide_ending(s.current, s.command)
     moved = decision_update(
         db,
         s.run_id,
-        decision=decide_ending(s.current, s.command),
+        decision=ending,
         command=s.command,
         attempt=s.attempt,
         values={
@@ -261,6 +262,11 @@ def commit_settlement_on(db: OrmSession, s: Settlement) -> bool:
                 for e in s.events
             ],
         )
+    answer = webhooks.answer_of(s.parts) if ending.target is RunStatus.COMPLETED else None
+    ended = webhooks.RunEnded(
+        s.run_id, s.session_id, ending.target.value, s.usage, failure_code=s.failure_code, answer=answer
+    )
+    webhooks.record_on(db, ended)
     db.flush()
     waiting.promote_next_on(db, s.session_id)
     db.commit()

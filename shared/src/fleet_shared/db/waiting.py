@@ -22,6 +22,7 @@ from typing import Any, Literal, cast
 from sqlalchemy import Connection, Table, and_, bindparam, exists, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session as OrmSession
 
+from fleet_shared.db import webhooks
 from fleet_shared.db.models import ACTIVE_SESSION, ACTIVE_SQL, Run, RunEventRow, Session, Turn, utcnow
 from fleet_shared.events import RunCancelled, encode_event, event_type
 from fleet_shared.ids import new_id
@@ -35,7 +36,7 @@ ACTIVE_VALUES = sorted(status.value for status in ACTIVE_STATUSES)
 IS_ACTIVE = text(f"runs.{ACTIVE_SQL}")
 WAITING_COLUMNS = (
     "id", "session_id", "status", "attempt", "idempotency_key", "request_fingerprint", "model",
-    "user_sequence", "last_seq", "created_at", "traceparent", "waiting_parts",
+    "user_sequence", "last_seq", "created_at", "traceparent", "webhook_url", "waiting_parts",
 )  # fmt: skip
 SESSION_RUNS = RUNS.c.session_id == bindparam("session_id")
 NEXT_PLACE = (
@@ -104,27 +105,28 @@ def lock_session_on(db: OrmSession, session_id: str) -> None:
 def promote_next_on(db: OrmSession, session_id: str) -> str | None:
     """In the transaction that ended the session's active Run: the first waiting Run becomes
     `queued`, its user Turn added after the last Turn. Its id, or None when none waits (or a Run
-    is active still)."""
-    first = db.execute(
-        select(Run.id, Run.waiting_parts)
-        .where(Run.session_id == session_id, Run.status == WAITING)
-        .order_by(Run.waiting_place)
-        .limit(1)
-    ).first()
-    if first is None:
-        return None
+    is active still). The first one cancelled meanwhile yields to the next."""
     if db.scalar(select(exists().where(Run.session_id == session_id, IS_ACTIVE))):
         return None
-    last = db.scalar(select(func.max(Turn.sequence)).where(Turn.session_id == session_id)) or 0
     target = decide(RunStatus.WAITING, RunCommand.PROMOTE).target
-    moved = db.execute(
-        update(Run)
-        .where(Run.id == first.id, Run.status == WAITING)
-        .values(status=target.value, user_sequence=last + 1, waiting_parts=None, queued_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
-    if getattr(moved, "rowcount", 0) != 1:
-        return None
+    while True:
+        first = db.execute(
+            select(Run.id, Run.waiting_parts)
+            .where(Run.session_id == session_id, Run.status == WAITING)
+            .order_by(Run.waiting_place)
+            .limit(1)
+        ).first()
+        if first is None:
+            return None
+        last = db.scalar(select(func.max(Turn.sequence)).where(Turn.session_id == session_id)) or 0
+        moved = db.execute(
+            update(Run)
+            .where(Run.id == first.id, Run.status == WAITING)
+            .values(status=target.value, user_sequence=last + 1, waiting_parts=None, queued_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        if getattr(moved, "rowcount", 0) == 1:
+            break
     db.add(
         Turn(
             id=new_id(),
@@ -166,6 +168,8 @@ def cancel_waiting_on(db: OrmSession, run_id: str) -> RunCancelled | None:
             }
         ],
     )
+    session_id = db.scalar(select(Run.session_id).where(Run.id == run_id))
+    webhooks.record_on(db, webhooks.RunEnded(run_id, str(session_id), target.value, None))
     db.commit()
     return terminal
 
