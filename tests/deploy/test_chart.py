@@ -363,6 +363,24 @@ def test_the_auth_modes_take_their_credentials_from_values_and_secrets() -> None
     assert https_rules({**jwt, **provider}) == https_rules({"networkPolicy.enabled": True}) + 1  # the JWKS
 
 
+def test_the_webhook_secret_goes_to_gateways_and_workers_and_opens_the_gateways_https_egress() -> None:
+    hooks = {"secrets.webhookSecret.key": "webhook-secret", "networkPolicy.enabled": True}
+    rendered = render(MINIMAL, settings=hooks)
+    for component in ("gateway", "worker"):
+        container = find(rendered, "Deployment", component)["spec"]["template"]["spec"]["containers"][0]
+        [entry] = [e for e in container["env"] if e["name"] == "FLEET_WEBHOOK_SECRET"]
+        assert entry["valueFrom"]["secretKeyRef"] == {"name": "fleet-credentials", "key": "webhook-secret"}
+    plain = render(MINIMAL, settings={"networkPolicy.enabled": True})
+    gateway = find(plain, "Deployment", "gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert "FLEET_WEBHOOK_SECRET" not in {e["name"] for e in gateway["env"]}
+
+    def https_rules(manifests: list[Manifest]) -> int:
+        egress = find(manifests, "NetworkPolicy", "gateway")["spec"]["egress"]
+        return sum({"port": 443, "protocol": "TCP"} in rule.get("ports", []) for rule in egress)
+
+    assert https_rules(rendered) == https_rules(plain) + 1
+
+
 def test_names_fit_in_63_characters() -> None:
     release = "r" * 53  # helm's longest release name
     for values in values_files():

@@ -344,6 +344,11 @@ database alone.
     {{- include "fleet.secretKeyRef" (dict "root" $root "ref" $root.Values.secrets.daytonaApiKey) | nindent 4 }}
 {{- end }}
 {{- end }}
+{{- if and (has .component (list "gateway" "worker")) (include "fleet.hasSecret" (dict "root" $root "ref" $root.Values.secrets.webhookSecret)) }}
+- name: FLEET_WEBHOOK_SECRET
+  valueFrom:
+    {{- include "fleet.secretKeyRef" (dict "root" $root "ref" $root.Values.secrets.webhookSecret) | nindent 4 }}
+{{- end }}
 {{- if and (eq .component "gateway") (include "fleet.hasSecret" (dict "root" $root "ref" $root.Values.secrets.apiToken)) }}
 - name: {{ $s.tokenEnv }}
   valueFrom:
