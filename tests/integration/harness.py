@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from fleet_shared import event_log, redis_keys
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.config_file import QuotasSection
-from fleet_shared.db import queries
+from fleet_shared.db import claims, queries
 from fleet_shared.db.models import Attachment, Skill
 from fleet_shared.event_log import Appended, RunLog, lease_token
 from fleet_shared.events import RunEvent
@@ -55,7 +55,7 @@ class Harness:
         async with self.db_sessions() as db:
             if session_id is None:
                 session_id = (await queries.create_session(db, "t", caller)).id
-            claimed = await queries.claim_turn(
+            claimed = await claims.claim_turn(
                 db,
                 caller=caller,
                 session_id=session_id,
@@ -66,7 +66,7 @@ class Harness:
                 attachments=attachments,
                 skills=skills,
             )
-        assert isinstance(claimed, queries.Claimed)
+        assert isinstance(claimed, claims.Claimed)
         if not enqueue:
             return claimed.run.id
         assert await self.jobs().enqueue(claimed.run.id)

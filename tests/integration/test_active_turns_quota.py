@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fleet_shared.db import queries
+from fleet_shared.db import claims, queries
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.tenancy import Principal
 
@@ -20,20 +20,20 @@ async def test_concurrent_claims_get_exactly_the_limit(database_url: str) -> Non
             ids = [(await queries.create_session(db, "q", busy)).id for _ in range(BURST)]
             elsewhere = (await queries.create_session(db, "q", other)).id
 
-        async def claim(session_id: str, caller: Principal) -> queries.Claimed | queries.ClaimRefused:
-            return await queries.claim_turn(
+        async def claim(session_id: str, caller: Principal) -> claims.Claimed | claims.ClaimRefused:
+            return await claims.claim_turn(
                 engine, caller=caller, active_limit=LIMIT, session_id=session_id,
                 idempotency_key="k", fingerprint="f", text="hi", model="m",
             )  # fmt: skip
 
         outcomes = await asyncio.gather(*(claim(session_id, busy) for session_id in ids))
-        claimed = [o for o in outcomes if isinstance(o, queries.Claimed) and o.created]
-        refused = [o for o in outcomes if o == queries.ClaimRefused("active_turns_quota")]
+        claimed = [o for o in outcomes if isinstance(o, claims.Claimed) and o.created]
+        refused = [o for o in outcomes if o == claims.ClaimRefused("active_turns_quota")]
         assert (len(claimed), len(refused)) == (LIMIT, BURST - LIMIT)
-        assert isinstance(await claim(elsewhere, other), queries.Claimed)  # its own count
+        assert isinstance(await claim(elsewhere, other), claims.Claimed)  # its own count
         again = await claim(next(i for i, o in zip(ids, outcomes, strict=True) if o in refused), busy)
-        assert again == queries.ClaimRefused("active_turns_quota")  # still at the limit
+        assert again == claims.ClaimRefused("active_turns_quota")  # still at the limit
         replay = await claim(claimed[0].run.session_id, busy)
-        assert isinstance(replay, queries.Claimed) and not replay.created  # a replay is not a new Turn
+        assert isinstance(replay, claims.Claimed) and not replay.created  # a replay is not a new Turn
     finally:
         await engine.dispose()

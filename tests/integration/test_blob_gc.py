@@ -23,7 +23,7 @@ from fleet_shared import redis_keys
 from fleet_shared.blob_gc import Collected, Collector, collect_on_schedule, collect_once
 from fleet_shared.blobs import artifact_key, attachment_key
 from fleet_shared.config_file import StorageSection
-from fleet_shared.db import queries, workspace_versions
+from fleet_shared.db import claims, queries, workspace_versions
 from fleet_shared.db.engine import create_engine, dispose_engine, run_whole, session_factory
 from fleet_shared.db.files import stored_bytes_on
 from fleet_shared.db.models import (
@@ -191,7 +191,7 @@ async def seed(sessions: Sessions, store: Store, tmp: Path) -> World:
         db.add(
             Attachment(id=attachment, filename="a", media_type="text/plain", byte_size=8, checksum_sha256="0")
         )
-        claimed = await queries.claim_turn(
+        claimed = await claims.claim_turn(
             db,
             caller=OPERATOR,
             session_id=session_id,
@@ -200,7 +200,7 @@ async def seed(sessions: Sessions, store: Store, tmp: Path) -> World:
             text="t",
             model="m",
         )
-        assert isinstance(claimed, queries.Claimed)
+        assert isinstance(claimed, claims.Claimed)
         db.add(
             Artifact(
                 id=artifact,

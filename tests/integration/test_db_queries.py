@@ -10,7 +10,7 @@ from sqlalchemy import event, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fleet_shared.db import queries, runs
+from fleet_shared.db import claims, queries, runs
 from fleet_shared.db.engine import (
     HEAD_REVISION,
     create_engine,
@@ -33,7 +33,7 @@ async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncS
 
 
 async def claim(db: AsyncSession, session_id: str, key: str, fingerprint: str = "f1") -> object:
-    return await queries.claim_turn(
+    return await claims.claim_turn(
         db,
         caller=OPERATOR,
         session_id=session_id,
@@ -54,18 +54,18 @@ async def test_claim_replay_mismatch_and_in_progress(sessions: async_sessionmake
     async with sessions() as db:
         session = await queries.create_session(db, "t", OPERATOR)
         first = await claim(db, session.id, "k1")
-        assert isinstance(first, queries.Claimed) and first.created
+        assert isinstance(first, claims.Claimed) and first.created
         assert first.run.status == "queued" and first.run.user_sequence == 1
 
         again = await claim(db, session.id, "k1")
-        assert isinstance(again, queries.Claimed) and not again.created
+        assert isinstance(again, claims.Claimed) and not again.created
         assert again.run.id == first.run.id
 
         mismatch = await claim(db, session.id, "k1", fingerprint="other")
-        assert mismatch == queries.ClaimRefused("idempotency_key_mismatch", first.run.id)
+        assert mismatch == claims.ClaimRefused("idempotency_key_mismatch", first.run.id)
 
         busy = await claim(db, session.id, "k2")
-        assert busy == queries.ClaimRefused("turn_in_progress", first.run.id)
+        assert busy == claims.ClaimRefused("turn_in_progress", first.run.id)
 
 
 async def test_a_claim_is_one_read_two_inserts_and_the_commit(database_url: str) -> None:
@@ -87,7 +87,7 @@ async def test_a_claim_is_one_read_two_inserts_and_the_commit(database_url: str)
         event.listen(twin.engine if twin else engine.sync_engine, "before_cursor_execute", count)
         async with sessions() as db:
             claimed = await claim(db, session_id, "k1")
-        assert isinstance(claimed, queries.Claimed) and claimed.created
+        assert isinstance(claimed, claims.Claimed) and claimed.created
         assert statements == ["SELECT", "INSERT", "INSERT"]
         async with sessions() as db:  # what the plain INSERTs wrote reads back as the ORM's rows
             run = await queries.get_run(db, claimed.run.id)
@@ -120,7 +120,7 @@ async def test_a_claims_read_finds_the_active_run_through_its_index_not_the_sess
         assert twin is not None
         event.listen(twin.engine, "before_cursor_execute", keep)
         async with sessions() as db:
-            assert isinstance(await claim(db, session_id, "k1"), queries.Claimed)
+            assert isinstance(await claim(db, session_id, "k1"), claims.Claimed)
         ((statement, parameters),) = reads
         with twin.engine.connect() as connection:
             plan = [
@@ -136,17 +136,17 @@ async def test_claims_in_unknown_and_archived_sessions_are_refused(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     async with sessions() as db:
-        assert await claim(db, "7d0c8f3e-0000-4000-8000-000000000000", "k") == queries.ClaimRefused(
+        assert await claim(db, "7d0c8f3e-0000-4000-8000-000000000000", "k") == claims.ClaimRefused(
             "unknown_session"
         )
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
         first = await claim(db, session_id, "k1")
-        assert isinstance(first, queries.Claimed)
+        assert isinstance(first, claims.Claimed)
         await db.execute(update(Run).where(Run.id == first.run.id).values(status="completed"))
         await queries.update_session(db, session_id, status="archived")
-        assert await claim(db, session_id, "k2") == queries.ClaimRefused("session_archived")
+        assert await claim(db, session_id, "k2") == claims.ClaimRefused("session_archived")
         again = await claim(db, session_id, "k1")  # the key first: an existing Run still replays
-        assert isinstance(again, queries.Claimed) and not again.created
+        assert isinstance(again, claims.Claimed) and not again.created
 
 
 async def test_partial_unique_index_allows_one_active_run(sessions: async_sessionmaker[AsyncSession]) -> None:
@@ -154,7 +154,7 @@ async def test_partial_unique_index_allows_one_active_run(sessions: async_sessio
     async with sessions() as db:
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
         first = await claim(db, session_id, "a")
-        assert isinstance(first, queries.Claimed)
+        assert isinstance(first, claims.Claimed)
         first_id = first.run.id
         db.add(
             Run(
@@ -176,7 +176,7 @@ async def test_partial_unique_index_allows_one_active_run(sessions: async_sessio
         await db.execute(update(Run).where(Run.id == first_id).values(status="completed"))
         await db.commit()
         second = await claim(db, session_id, "b")
-        assert isinstance(second, queries.Claimed) and second.created
+        assert isinstance(second, claims.Claimed) and second.created
         assert second.run.user_sequence == 2
 
 
@@ -189,8 +189,8 @@ async def test_concurrent_claims_admit_exactly_one(sessions: async_sessionmaker[
             return await claim(db, session.id, key)
 
     outcomes = await asyncio.gather(*(attempt(f"key-{i}") for i in range(6)))
-    created = [o for o in outcomes if isinstance(o, queries.Claimed) and o.created]
-    refused = [o for o in outcomes if isinstance(o, queries.ClaimRefused)]
+    created = [o for o in outcomes if isinstance(o, claims.Claimed) and o.created]
+    refused = [o for o in outcomes if isinstance(o, claims.ClaimRefused)]
     assert len(created) == 1
     assert len(refused) == 5 and all(r.reason == "turn_in_progress" for r in refused)
 
@@ -201,7 +201,7 @@ async def test_start_run_is_atomic_and_duplicates_do_nothing(
     async with sessions() as db:
         session = await queries.create_session(db, "t", OPERATOR)
         claimed = await claim(db, session.id, "k")
-        assert isinstance(claimed, queries.Claimed)
+        assert isinstance(claimed, claims.Claimed)
         run_id = claimed.run.id
 
     async def start() -> Run | None:
@@ -218,7 +218,7 @@ async def test_commit_is_fenced_by_attempt(sessions: async_sessionmaker[AsyncSes
     async with sessions() as db:
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
         claimed = await claim(db, session_id, "k")
-        assert isinstance(claimed, queries.Claimed)
+        assert isinstance(claimed, claims.Claimed)
         run = await db.run_sync(runs.start_run_on, claimed.run.id)
         assert run is not None
         run_id, attempt, user_sequence = run.id, run.attempt, run.user_sequence
@@ -265,8 +265,8 @@ async def test_concurrent_retries_with_one_key_all_get_the_same_run(
             return await claim(db, session_id, "one-key")
 
     outcomes = await asyncio.gather(*(attempt() for _ in range(8)))
-    assert all(isinstance(o, queries.Claimed) for o in outcomes), outcomes
-    claimed = [o for o in outcomes if isinstance(o, queries.Claimed)]
+    assert all(isinstance(o, claims.Claimed) for o in outcomes), outcomes
+    claimed = [o for o in outcomes if isinstance(o, claims.Claimed)]
     assert sum(o.created for o in claimed) == 1
     assert len({o.run.id for o in claimed}) == 1
 
@@ -293,14 +293,14 @@ async def test_a_withdrawn_claim_leaves_nothing_and_frees_the_key(
     async with sessions() as db:
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
         first = await claim(db, session_id, "k")
-        assert isinstance(first, queries.Claimed)
-        assert await queries.withdraw_claim(db, first.run.id) is True
+        assert isinstance(first, claims.Claimed)
+        assert await claims.withdraw_claim(db, first.run.id) is True
         assert await queries.list_turns(db, session_id, after_sequence=0, limit=10) == []
         assert await queries.get_run(db, first.run.id) is None
         again = await claim(db, session_id, "k")  # the same key claims afresh
-        assert isinstance(again, queries.Claimed) and again.created
+        assert isinstance(again, claims.Claimed) and again.created
         assert await db.run_sync(runs.start_run_on, again.run.id) is not None
-        assert await queries.withdraw_claim(db, again.run.id) is False  # a started Run stays
+        assert await claims.withdraw_claim(db, again.run.id) is False  # a started Run stays
 
 
 async def test_take_over_bumps_the_attempt_and_fences_the_old_owner(
@@ -309,7 +309,7 @@ async def test_take_over_bumps_the_attempt_and_fences_the_old_owner(
     async with sessions() as db:
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
         claimed = await claim(db, session_id, "k")
-        assert isinstance(claimed, queries.Claimed)
+        assert isinstance(claimed, claims.Claimed)
         run = await db.run_sync(runs.start_run_on, claimed.run.id)
         assert run is not None and run.attempt == 1
         run_id, user_sequence = run.id, run.user_sequence
@@ -333,7 +333,7 @@ async def test_cancelling_a_queued_run_writes_its_tombstone_in_one_go(
     async with sessions() as db:
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
         claimed = await claim(db, session_id, "k")
-        assert isinstance(claimed, queries.Claimed)
+        assert isinstance(claimed, claims.Claimed)
         terminal = await runs.cancel_queued_run(db, claimed.run.id)
         assert terminal is not None and terminal.seq == 1
         assert await runs.cancel_queued_run(db, claimed.run.id) is None  # once

@@ -22,9 +22,9 @@ from fleet_gateway.app import create_app
 from fleet_gateway.routes.files import MAX_LIST, MAX_TREE_ENTRIES, timestamp
 from fleet_shared.blobs import open_blob_store
 from fleet_shared.config import ResolvedBlobs, Settings, load_settings
+from fleet_shared.db.claims import Claimed, claim_turn
 from fleet_shared.db.engine import create_engine, run_whole, session_factory
 from fleet_shared.db.models import Artifact, Attachment, Workspace, utcnow
-from fleet_shared.db.queries import Claimed, claim_turn
 from fleet_shared.db.workspace_versions import WorkspaceChange, record_on
 from fleet_shared.manifests import FileEntry, Manifest, object_key
 from fleet_shared.tenancy import OPERATOR

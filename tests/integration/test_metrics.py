@@ -29,7 +29,7 @@ from redis.asyncio import ConnectionPool
 from fleet_gateway.app import create_app
 from fleet_gateway.streaming import RunView, StreamDeps, stream_run
 from fleet_shared.config import Settings, load_settings
-from fleet_shared.db import queries
+from fleet_shared.db import claims, queries
 from fleet_shared.db.engine import create_engine, session_factory
 from fleet_shared.jobs import RUN_TURN, QueueCounts, deserialize_job, serialize_job
 from fleet_shared.metrics import (
@@ -251,7 +251,7 @@ async def test_a_cancelled_queued_run_is_counted_by_stage(
     try:
         async with session_factory(engine)() as db:
             session = await queries.create_session(db, "t", OPERATOR)
-            claimed = await queries.claim_turn(
+            claimed = await claims.claim_turn(
                 db,
                 caller=OPERATOR,
                 session_id=session.id,
@@ -260,7 +260,7 @@ async def test_a_cancelled_queued_run_is_counted_by_stage(
                 text="hi",
                 model=settings.root_lm.name,
             )
-        assert isinstance(claimed, queries.Claimed)
+        assert isinstance(claimed, claims.Claimed)
     finally:
         await engine.dispose()
     before = samples(client, "fleet_cancels_total")

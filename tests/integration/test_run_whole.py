@@ -16,7 +16,7 @@ from sqlalchemy import event, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session as OrmSession
 
-from fleet_shared.db import queries, runs, workspace_versions
+from fleet_shared.db import claims, queries, runs, workspace_versions
 from fleet_shared.db.engine import create_engine, dispose_engine, run_whole, session_factory, sqlite_twin
 from fleet_shared.db.models import Run
 from fleet_shared.db.workspace_versions import WorkspaceChange
@@ -58,7 +58,7 @@ class Statements:
 async def queued_run(engine: AsyncEngine) -> str:
     async with session_factory(engine)() as db:
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
-    claimed = await queries.claim_turn(
+    claimed = await claims.claim_turn(
         engine,
         caller=OPERATOR,
         session_id=session_id,
@@ -67,7 +67,7 @@ async def queued_run(engine: AsyncEngine) -> str:
         text="hi",
         model="scripted/t",
     )
-    assert isinstance(claimed, queries.Claimed)
+    assert isinstance(claimed, claims.Claimed)
     return claimed.run.id
 
 
@@ -119,7 +119,11 @@ async def test_a_settlement_is_one_unit_and_a_stale_attempt_changes_nothing(engi
     assert await run_whole(sessions, functools.partial(runs.commit_settlement_on, s=stale)) is False
     statements = Statements(engine)
     assert await commit_with_retry(sessions, settlement, deadline=deadline) is True
-    assert statements.kinds()[:2] == ["SELECT", "UPDATE"] and "INSERT" in statements.kinds()
+    # The Run read; on PostgreSQL the session row held FOR SHARE (fleet_shared.db.waiting); the
+    # fenced UPDATE.
+    locks = ["SELECT"] if engine.dialect.name == "postgresql" else []
+    assert statements.kinds()[: 2 + len(locks)] == ["SELECT", *locks, "UPDATE"]
+    assert "INSERT" in statements.kinds()
     assert_run_whole(engine, statements)
     assert await commit_with_retry(sessions, settlement, deadline=deadline) is True  # its own commit again
     async with sessions() as db:
@@ -150,7 +154,7 @@ async def test_a_turns_history_is_read_in_one_unit(engine: AsyncEngine) -> None:
     sessions = session_factory(engine)
     claim, answered = await started_run(engine)
     assert await commit_with_retry(sessions, answered, deadline=time.monotonic() + 10)
-    claimed = await queries.claim_turn(
+    claimed = await claims.claim_turn(
         engine,
         caller=OPERATOR,
         session_id=claim.session_id,
@@ -159,7 +163,7 @@ async def test_a_turns_history_is_read_in_one_unit(engine: AsyncEngine) -> None:
         text="and?",
         model="m",
     )
-    assert isinstance(claimed, queries.Claimed)
+    assert isinstance(claimed, claims.Claimed)
     statements = Statements(engine)
     conversation = await load_conversation(
         sessions, claim.session_id, claimed.run.user_sequence, max_turns=20, max_chars=10_000
@@ -194,12 +198,12 @@ async def test_a_warm_sessions_start_reads_no_manifest_entries(engine: AsyncEngi
 
 
 async def next_run(engine: AsyncEngine, session_id: str) -> str:
-    claimed = await queries.claim_turn(
+    claimed = await claims.claim_turn(
         engine,
         caller=OPERATOR, session_id=session_id, idempotency_key=f"k-{time.monotonic_ns()}", fingerprint="f",
         text="again", model="scripted/t",
     )  # fmt: skip
-    assert isinstance(claimed, queries.Claimed)
+    assert isinstance(claimed, claims.Claimed)
     return claimed.run.id
 
 

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from fleet_gateway.schemas import TurnRequest
-from fleet_shared.db import queries
+from fleet_shared.db import claims, queries
 from fleet_shared.db.models import Run
 from fleet_shared.tenancy import OPERATOR
 from tests.integration.harness import Harness
@@ -156,29 +156,29 @@ async def test_the_claim_checks_the_key_before_the_archive(harness: Harness) -> 
     async with harness.db_sessions() as db:
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
 
-        async def claim(key: str, fingerprint: str, text: str) -> queries.Claimed | queries.ClaimRefused:
-            return await queries.claim_turn(
+        async def claim(key: str, fingerprint: str, text: str) -> claims.Claimed | claims.ClaimRefused:
+            return await claims.claim_turn(
                 db, caller=OPERATOR, session_id=session_id, idempotency_key=key,
                 fingerprint=fingerprint, text=text, model="m",
             )  # fmt: skip
 
         claimed = await claim("k", fingerprint, "hi")
-        assert isinstance(claimed, queries.Claimed) and claimed.created
+        assert isinstance(claimed, claims.Claimed) and claimed.created
         run_id = claimed.run.id  # a plain string: a refused claim rolls back, expiring ORM objects
         await queries.update_session(db, session_id, status="archived")
         again = await claim("k", fingerprint, "hi")
-        assert isinstance(again, queries.Claimed) and not again.created and again.run.id == run_id
+        assert isinstance(again, claims.Claimed) and not again.created and again.run.id == run_id
         other_body = await claim("k", "other", "x")
-        assert other_body == queries.ClaimRefused("idempotency_key_mismatch", run_id)
+        assert other_body == claims.ClaimRefused("idempotency_key_mismatch", run_id)
         await db.execute(update(Run).where(Run.id == run_id).values(status="completed"))
         await db.commit()
         refused = await claim("new", fingerprint, "hi")
-        assert refused == queries.ClaimRefused("session_archived")
+        assert refused == claims.ClaimRefused("session_archived")
         turns = await queries.list_turns(db, session_id, after_sequence=0, limit=10)
         assert [t.run_id for t in turns] == [run_id]
         await queries.update_session(db, session_id, status="active")
         allowed = await claim("new", fingerprint, "hi")
-        assert isinstance(allowed, queries.Claimed) and allowed.created
+        assert isinstance(allowed, claims.Claimed) and allowed.created
     assert await runs_in(harness, session_id) == 2
 
 

@@ -14,7 +14,7 @@ from alembic import command
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fleet_shared.db import queries, skills
+from fleet_shared.db import claims, queries, skills
 from fleet_shared.db.engine import HEAD_REVISION, create_engine, current_revision, session_factory
 from fleet_shared.db.migrate import alembic_config
 from fleet_shared.db.models import Session
@@ -112,7 +112,7 @@ async def test_a_claim_puts_the_selected_skills_on_the_user_turn(
     async with sessions() as db:
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
         chosen = await skills.get_skills(db, ["csv-analysis", "code-review"])
-        claimed = await queries.claim_turn(
+        claimed = await claims.claim_turn(
             db,
             caller=OPERATOR,
             session_id=session_id,
@@ -122,9 +122,9 @@ async def test_a_claim_puts_the_selected_skills_on_the_user_turn(
             model="scripted/t",
             skills=chosen,
         )
-        assert isinstance(claimed, queries.Claimed)
+        assert isinstance(claimed, claims.Claimed)
         turns = await queries.list_turns(db, session_id, after_sequence=0, limit=10)
-        await queries.withdraw_claim(db, claimed.run.id)
+        await claims.withdraw_claim(db, claimed.run.id)
     assert [p["type"] for p in turns[0].parts] == ["text", "data-skill", "data-skill"]
     assert [p["data"]["skill_id"] for p in turns[0].parts[1:]] == ["csv-analysis", "code-review"]
     assert all(p["data"]["phase"] == "selected" for p in turns[0].parts[1:])

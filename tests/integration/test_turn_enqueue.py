@@ -16,7 +16,7 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import update
 
 from fleet_gateway.app import create_app
-from fleet_shared.db import queries
+from fleet_shared.db import claims, queries
 from fleet_shared.db.models import Attachment, Run, Session
 from fleet_shared.run_state import RunStatus
 from tests.integration.harness import Harness
@@ -179,7 +179,7 @@ async def test_a_withdrawn_claim_promotes_the_follow_up_behind_it(stack: tuple[H
     first = (await send(client, session, "one", "k1")).json()["run_id"]
     second = (await send(client, session, "two", "k2")).json()["run_id"]
     async with _harness.db_sessions() as db:
-        assert await queries.withdraw_claim(db, first)
+        assert await claims.withdraw_claim(db, first)
     assert await status_of(client, second) == "queued"
     assert await history(client, session) == [("user", second, "two")]
 

@@ -1,5 +1,5 @@
 """A tenant's quotas at a Turn's POST (`quotas`, docs/security.md, tenancy). Active Turns are
-counted in the claim's own transaction (fleet_shared.db.queries); LM tokens per day and Turns per
+counted in the claim's own transaction (fleet_shared.db.claims); LM tokens per day and Turns per
 minute in Redis, after the claim, which is withdrawn when over: a refused Turn leaves nothing and
 burns no key."""
 

@@ -27,7 +27,7 @@ from fleet_gateway.schemas import MAX_INT32, TurnAccepted, TurnPage, TurnRequest
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import SSE_HEADERS, RunView, iso, stream_run
 from fleet_shared.config_file import QuotaLimits
-from fleet_shared.db import queries, runs, scoped, skills
+from fleet_shared.db import claims, queries, runs, scoped, skills
 from fleet_shared.db.models import Attachment, Run, Skill
 from fleet_shared.followups import start_promoted
 from fleet_shared.ids import parse_uuid
@@ -197,7 +197,7 @@ class TurnController(Controller):
         with child_span("turn.submit", parent, links, **attributes) as submit:
             started = time.perf_counter()
             claim = functools.partial(
-                queries.claim_turn,
+                claims.claim_turn,
                 gw.engine,
                 session_id=session_id,
                 idempotency_key=key,
@@ -222,7 +222,7 @@ class TurnController(Controller):
                 timing += f", interrupt;dur={(time.perf_counter() - began) * 1000:.3f}"
                 with child_span("turn.claim", submit):
                     outcome = await claim()  # the interrupted Run has ended: this one's turn
-            if isinstance(outcome, queries.ClaimRefused):
+            if isinstance(outcome, claims.ClaimRefused):
                 submit.set_attribute("fleet.refused", outcome.reason)
                 raise refusal(outcome, limits)
             run = outcome.run
@@ -304,9 +304,9 @@ async def start(gw: GatewayState, submit: Span, run: Run, tenant: str, limits: Q
     return f", enqueue;dur={(time.perf_counter() - claimed) * 1000:.3f}"
 
 
-def to_interrupt(outcome: queries.Claimed | queries.ClaimRefused, data: TurnRequest) -> str | None:
+def to_interrupt(outcome: claims.Claimed | claims.ClaimRefused, data: TurnRequest) -> str | None:
     """With `multitask: interrupt`, the session's running Turn that refused this one."""
-    if data.multitask != "interrupt" or not isinstance(outcome, queries.ClaimRefused):
+    if data.multitask != "interrupt" or not isinstance(outcome, claims.ClaimRefused):
         return None
     return outcome.run_id if outcome.reason == "turn_in_progress" else None
 
@@ -340,7 +340,7 @@ def responds_async(prefers: list[str]) -> bool:
     return any(part.split(";", 1)[0].split("=", 1)[0].strip().lower() == "respond-async" for part in parts)
 
 
-def refusal(outcome: queries.ClaimRefused, limits: QuotaLimits) -> ApiError:
+def refusal(outcome: claims.ClaimRefused, limits: QuotaLimits) -> ApiError:
     match outcome.reason:
         case "unknown_session":
             return not_found("session")
@@ -403,7 +403,7 @@ async def withdraw(gw: GatewayState, run: Run) -> bool:
     """The claim undone (the key works again); false when it must be streamed after all."""
     try:
         async with gw.db_sessions() as db:
-            withdrawn = await queries.withdraw_claim(db, run.id)
+            withdrawn = await claims.withdraw_claim(db, run.id)
         if withdrawn:  # a follow-up that waited behind it is first now (Redis down: the sweep's)
             await start_promoted(gw.db_sessions, gw.jobs, run.session_id)
         return withdrawn  # false: a sweeper enqueued it, a worker started it
