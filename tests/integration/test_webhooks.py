@@ -188,7 +188,9 @@ async def test_a_name_that_resolves_to_a_refused_address_at_delivery_is_never_co
         assert len(receiver.wait_for(1)) == 1
     assert delivery["status"] == "failed"
     [attempt] = delivery["attempts"]
-    assert attempt["status_code"] is None and "10.1.2.3 is not a public address" in attempt["error"]
+    # The tenant learns it was refused, not which address the name had: that is the operator's log.
+    assert attempt["status_code"] is None and attempt["error"].startswith("refused:")
+    assert "10.1.2.3" not in attempt["error"]
     assert allowed["status"] == "delivered" and calls == ["rebound.test", "hooks.allowed.test"]
 
 
@@ -232,3 +234,26 @@ async def test_without_a_secret_a_webhook_is_refused(harness_factory: HarnessFac
             headers={"Idempotency-Key": "k", **ASYNC},
         )
     assert answer.status_code == 422 and "FLEET_WEBHOOK_SECRET" in answer.json()["message"]
+
+
+async def test_an_attempt_that_breaks_unexpectedly_fails_its_delivery_and_the_loop_goes_on(
+    stack: tuple[Harness, Any],
+) -> None:
+    harness, client = stack
+
+    async def broken(host: str, port: int) -> list[IPAddress]:
+        if host == "breaks.test":
+            raise RuntimeError("a resolver bug")
+        return [ipaddress.ip_address("127.0.0.1")]
+
+    with serve_receiver(Receiver()) as receiver:
+        port = receiver.url.split(":")[2].split("/")[0]
+        _session, broke = await run_turn(harness, client, f"http://breaks.test:{port}/x", "k1")
+        _session, fine = await run_turn(harness, client, f"http://fine.test:{port}/x", "k2")
+        sender = deliverer(harness, broken)
+        failed = await deliver_until_settled(sender, client, broke)
+        delivered = await deliver_until_settled(sender, client, fine)
+    assert (
+        failed["status"] == "failed" and failed["attempts"][0]["error"] == "the attempt failed inside fleet"
+    )
+    assert delivered["status"] == "delivered"

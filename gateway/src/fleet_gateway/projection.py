@@ -10,6 +10,7 @@ import msgspec
 from fleet_shared.events import (
     Answer,
     AnswerDelta,
+    Approval,
     ArtifactCreated,
     AttachmentStaged,
     CellOutput,
@@ -116,7 +117,15 @@ def project(event: RunEvent, state: StreamState) -> list[Chunk]:
             return [tool_output(state, call_id, {"texts": texts})]
         case LMQueryFinished(call_id=call_id, text=text):
             return [tool_output(state, call_id, {"text": text or ""})]
-        case Usage() | RunWarning() | AttachmentStaged() | ArtifactCreated() | SkillUsed() | ChildProgress():
+        case (
+            Usage()
+            | RunWarning()
+            | AttachmentStaged()
+            | ArtifactCreated()
+            | SkillUsed()
+            | ChildProgress()
+            | Approval()
+        ):
             return [data_part(event)]
         case AnswerDelta(part_id=part_id, delta=delta):
             return delta_chunks("text", state.open_text, part_id, delta)

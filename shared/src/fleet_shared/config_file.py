@@ -43,6 +43,9 @@ class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 class RuntimeSection(Section):
     heartbeat_seconds: Annotated[float, msgspec.Meta(ge=1, le=300)] = 10
     turn_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 600
+    # A cell waiting for approval (`approval: always | on_risk`) is denied past this; the wait
+    # counts against the Turn's deadline, never the cell's timeout.
+    approval_timeout_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 300
 
 
 class LMSection(Section):

@@ -153,6 +153,24 @@ class ChildProgress(Event, tag="child.progress"):
     elapsed_ms: int | None = None
 
 
+ApprovalState = Literal["pending", "approved", "denied", "timed_out"]
+
+
+class Approval(Event, tag="approval"):
+    """A cell that waits for a person's decision before it runs (`approval: always | on_risk`):
+    `pending` with its code and why, then how it was decided; each report replaces the last for
+    the same `approval_id`. A denied or timed-out cell does not run; the RLM is told why."""
+
+    approval_id: str
+    call_id: str
+    code: str
+    reason: str
+    state: ApprovalState
+    timeout_seconds: float
+    note: str | None = None  # the decider's note (approve or deny)
+    decided_by: str | None = None  # the user who decided
+
+
 class AnswerDelta(Event, tag="answer.delta"):
     """Answer text while the LM writing it is still in flight (DSPy's extract fallback, the one
     place an RLM's LM writes its answer itself), batched as ReasoningDelta."""
@@ -196,6 +214,7 @@ RunEvent = (
     | ArtifactCreated
     | SkillUsed
     | ChildProgress
+    | Approval
     | AnswerDelta
     | Answer
     | RunCompleted

@@ -43,6 +43,12 @@ def run_fence(run_id: str) -> str:
     return f"{PREFIX}:run:{{{run_id}}}:fence"
 
 
+def run_approval(run_id: str, approval_id: str) -> str:
+    """A cell waiting for approval: `pending` while it waits, then the decision (JSON) a gateway
+    wrote, or `timed_out`; the worker waiting on it polls it (fleet_worker.approvals)."""
+    return f"{PREFIX}:run:{{{run_id}}}:approval:{approval_id}"
+
+
 def run_cancel(run_id: str) -> str:
     """Set when a client asks to cancel a running Run; the owner sees it when it renews."""
     return f"{PREFIX}:run:{{{run_id}}}:cancel"

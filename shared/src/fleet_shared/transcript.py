@@ -7,6 +7,7 @@ from typing import Any, assert_never
 from fleet_shared.events import (
     Answer,
     AnswerDelta,
+    Approval,
     ArtifactCreated,
     AttachmentStaged,
     CellOutput,
@@ -59,7 +60,7 @@ def attachment_part(attachment_id: str, filename: str, byte_size: int) -> Part:
     return {"type": "data-attachment", "data": data}
 
 
-DataEvent = Usage | RunWarning | AttachmentStaged | ArtifactCreated | SkillUsed | ChildProgress
+DataEvent = Usage | RunWarning | AttachmentStaged | ArtifactCreated | SkillUsed | ChildProgress | Approval
 
 
 def data_part(event: DataEvent) -> Part:
@@ -96,6 +97,20 @@ def data_part(event: DataEvent) -> Part:
                 progress["elapsed_ms"] = event.elapsed_ms
             # The id makes a later report replace the earlier one, in the AI SDK and the transcript.
             return {"type": "data-child-progress", "id": event.child_id, "data": progress}
+        case Approval():
+            approval: dict[str, Any] = {
+                "approval_id": event.approval_id,
+                "call_id": event.call_id,
+                "code": event.code,
+                "reason": event.reason,
+                "state": event.state,
+                "timeout_seconds": event.timeout_seconds,
+            }
+            if event.note is not None:
+                approval["note"] = event.note
+            if event.decided_by is not None:
+                approval["decided_by"] = event.decided_by
+            return {"type": "data-approval", "id": event.approval_id, "data": approval}
 
 
 def fold_parts(events: list[RunEvent]) -> list[Part]:
@@ -120,7 +135,7 @@ def fold_parts(events: list[RunEvent]) -> list[Part]:
                 parts.append(tools[event.call_id])
             case LMQueryFinished():
                 settle_tool(tools.get(event.call_id), **lm_query_result(event))
-            case ChildProgress():
+            case ChildProgress() | Approval():
                 replace_data_part(parts, data_part(event))
             case Usage() | RunWarning() | AttachmentStaged() | ArtifactCreated() | SkillUsed():
                 parts.append(data_part(event))

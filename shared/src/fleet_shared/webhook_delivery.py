@@ -23,7 +23,6 @@ from datetime import UTC, datetime, timedelta
 import anyio
 import httpcore
 import structlog
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from standardwebhooks import Webhook
 
@@ -43,7 +42,7 @@ from fleet_shared.webhook_targets import (
 )
 
 log = structlog.get_logger(__name__)
-BATCH = 20  # deliveries taken per pass; each is posted concurrently with the others
+BATCH = 20  # attempts one process has under way at once
 # An attempt's lease: twice its timeout and this. A process that dies mid-attempt leaves the
 # delivery to another once the lease is up (the receiver may then see the same webhook-id again).
 LEASE_MARGIN_SECONDS = 5.0
@@ -72,6 +71,12 @@ def next_step(
     return PENDING, retry_at
 
 
+def expired(section: WebhooksSection, taken: Taken, now: datetime) -> bool:
+    """Past its window before an attempt (no process held the secret, or all were down)."""
+    created = taken.created_at if taken.created_at.tzinfo else taken.created_at.replace(tzinfo=now.tzinfo)
+    return now > created + timedelta(seconds=section.give_up_seconds)
+
+
 @dataclass
 class Deliverer:
     db_sessions: async_sessionmaker[AsyncSession]
@@ -81,6 +86,7 @@ class Deliverer:
     resolve: Resolver = system_resolve
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     failures: int = 0
+    in_flight: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.policy = TargetPolicy.of(self.section)
@@ -88,48 +94,73 @@ class Deliverer:
         self.signer = Webhook(self.secret.reveal())
 
     async def run_forever(self) -> None:
-        """A pass every `poll_seconds` until `stopping` is set; the pass under way finishes."""
+        """A pass every `poll_seconds` until `stopping` is set; attempts under way then get their
+        timeout to finish."""
         try:
             while not await pause(self.stopping, self.section.poll_seconds):
                 try:
-                    await self.deliver_due()
+                    await self.start_due()
                     self.failures = 0
-                except (SQLAlchemyError, OSError) as exc:
+                except Exception as exc:  # the database away, or a bug: the loop goes on
                     self.failures += 1
                     if self.failures % 60 == 1:
-                        log.warning(
-                            "webhook.pass_failed", error_type=type(exc).__name__, failures=self.failures
-                        )
+                        kind = type(exc).__name__
+                        log.warning("webhook.pass_failed", error_type=kind, failures=self.failures)
         finally:
+            if self.in_flight:
+                await asyncio.wait(self.in_flight, timeout=self.section.timeout_seconds + 1)
             await self.pool.aclose()
 
     async def deliver_due(self) -> int:
-        """One pass: how many attempts it made."""
-        due = await run_whole(self.db_sessions, functools.partial(webhooks.due_on, now=utcnow(), limit=BATCH))
+        """One pass, waiting for its attempts: how many it made."""
+        started = await self.start_due()
+        await asyncio.gather(*started)
+        return len(started)
+
+    async def start_due(self) -> list[asyncio.Task[None]]:
+        """Take the due deliveries this process has room for and start their attempts (a slow
+        target holds one of BATCH places, never the others' turn)."""
+        room = BATCH - len(self.in_flight)
+        if room <= 0:
+            return []
+        due = await run_whole(self.db_sessions, functools.partial(webhooks.due_on, now=utcnow(), limit=room))
         lease = timedelta(seconds=2 * self.section.timeout_seconds + LEASE_MARGIN_SECONDS)
-        taken = []
+        started = []
         for delivery_id, due_at in due:
             take = functools.partial(webhooks.take_on, delivery_id=delivery_id, due=due_at, lease=lease)
-            got = await run_whole(self.db_sessions, take)
-            if got is not None:
-                taken.append(got)
-        await asyncio.gather(*(self.attempt(t) for t in taken))
-        return len(taken)
+            taken = await run_whole(self.db_sessions, take)
+            if taken is not None:
+                task = asyncio.create_task(self.attempt(taken), name=f"fleet-webhook-{taken.id}")
+                self.in_flight.add(task)
+                task.add_done_callback(self.in_flight.discard)
+                started.append(task)
+        return started
 
     async def attempt(self, taken: Taken) -> None:
+        """One attempt, recorded. The attempt list says what a tenant may know (a status code, or
+        a short reason); the detail (addresses, exceptions) goes to the operator's log only."""
         started, clock = utcnow(), time.monotonic()
         status: int | None = None
         error: str | None = None
+        detail: str | None = None
         permanent = False
         try:
-            self.policy.check_url(taken.url)  # the policy may have changed since it was accepted
-            status = await self.post(taken)
+            if expired(self.section, taken, started):
+                error, permanent = "given up: the Run ended longer ago than webhooks.give_up_seconds", True
+            else:
+                self.policy.check_url(taken.url)  # the policy may have changed since it was accepted
+                status = await self.post(taken)
         except TargetRefused as exc:
-            error, permanent = str(exc), True
+            error, detail, permanent = "refused: the target is not one webhooks may reach", str(exc), True
         except (httpcore.TimeoutException, TimeoutError):
             error = f"no answer within {self.section.timeout_seconds:g} s"
         except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol, OSError) as exc:
-            error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+            error, detail = "the connection failed", f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        except Exception as exc:  # never let one target stop the loop: fail it, log it
+            error, permanent = "the attempt failed inside fleet", True
+            log.error(
+                "webhook.attempt_crashed", delivery_id=taken.id, error_type=type(exc).__name__, exc_info=exc
+            )
         outcome, retry_at = next_step(self.section, taken, status, permanent, utcnow())
         attempted = Attempted(
             started_at=started,
@@ -149,6 +180,7 @@ class Deliverer:
             outcome=outcome,
             recorded=recorded,
             error=error,
+            detail=detail,
         )
 
     async def post(self, taken: Taken) -> int:

@@ -3,21 +3,28 @@ every connection, against the addresses its host resolves to at that moment. A n
 the first check and then resolves to a private address (DNS rebinding) reaches nothing.
 
 Refused unless `webhooks.allowed_networks` names them: loopback, private, link-local, shared,
-reserved, multicast and unspecified addresses (anything `ipaddress` does not call global), and an
-IPv4 address written as IPv6. http:// is refused unless `webhooks.allow_http`.
+reserved, multicast and unspecified addresses (anything `ipaddress` does not call global), and
+every IPv6 range that carries an IPv4 address (mapped, compatible, NAT64, 6to4, Teredo): a fixed
+table, not the interpreter's opinion, which differs between patch releases. A host written as a
+legacy IPv4 number (`2130706433`, `127.1`, `0x7f.1`) is read as the system resolver would.
+http:// is refused unless `webhooks.allow_http`. A URL must be printable ASCII (an
+internationalised name goes in its `xn--` form).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import ipaddress
+import re
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import anyio
 import httpcore
 
 from fleet_shared.config_file import WebhooksSection
@@ -27,6 +34,22 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 MAX_URL_CHARS = 2048
 LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+PRINTABLE_ASCII = re.compile(r"[!-~]+")
+LEGACY_IPV4 = re.compile(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}")
+# IPv6 ranges that embed an IPv4 address (RFC 4291 compatible and mapped, RFC 6052 / 8215 NAT64,
+# RFC 6145 SIIT, RFC 3056 6to4, RFC 4380 Teredo): refused whatever the address inside.
+CARRIES_IPV4 = tuple(
+    ipaddress.IPv6Network(net)
+    for net in (
+        "::/96",
+        "::ffff:0:0/96",
+        "::ffff:0:0:0/96",
+        "64:ff9b::/96",
+        "64:ff9b:1::/48",
+        "2002::/16",
+        "2001::/32",
+    )
+)
 
 
 class TargetRefused(Exception):
@@ -48,6 +71,8 @@ class TargetPolicy:
         name that is always local, is checked here too (every other name at each connection)."""
         if len(url) > MAX_URL_CHARS:
             raise TargetRefused(f"a webhook URL has at most {MAX_URL_CHARS} characters")
+        if not PRINTABLE_ASCII.fullmatch(url):
+            raise TargetRefused("a webhook URL is printable ASCII, with no spaces (a name in its xn-- form)")
         try:
             parts = urlsplit(url)
             port = parts.port
@@ -59,7 +84,7 @@ class TargetPolicy:
         if parts.username is not None or parts.password is not None:
             raise TargetRefused("a webhook URL may not carry credentials")
         host = (parts.hostname or "").rstrip(".").lower()
-        if not host or any(c.isspace() for c in url):
+        if not host:
             raise TargetRefused("a webhook URL needs a host")
         if port == 0:
             raise TargetRefused("a webhook URL needs a port other than 0")
@@ -73,21 +98,36 @@ class TargetPolicy:
     def check_address(self, address: IPAddress) -> None:
         if any(address in network for network in self.allowed if network.version == address.version):
             return
-        mapped = getattr(address, "ipv4_mapped", None)
-        if mapped is not None or not address.is_global or address.is_multicast:
+        carries = address.version == 6 and any(address in network for network in CARRIES_IPV4)
+        if carries or not address.is_global or address.is_multicast:
             raise TargetRefused(f"{address} is not a public address (webhooks.allowed_networks)")
 
 
 def literal_address(host: str) -> IPAddress | None:
+    """The address a host names by itself: an IP literal, or a legacy IPv4 number."""
     try:
         return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return None
+        pass
+    if LEGACY_IPV4.fullmatch(host):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    return None
+
+
+# Its own few threads: a name whose nameserver never answers holds one of these (the attempt's
+# timeout ends the wait, not the lookup), never the loop's default executor, which the
+# database and Redis drivers need.
+RESOLVER = ThreadPoolExecutor(4, thread_name_prefix="fleet-webhook-dns")
 
 
 async def system_resolve(host: str, port: int) -> list[IPAddress]:
     """Every address the system resolver gives for `host` (TCP)."""
-    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    loop = asyncio.get_running_loop()
+    lookup = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    infos = await loop.run_in_executor(RESOLVER, lookup)
     return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 

@@ -13,7 +13,7 @@ import pytest
 from fleet_shared.config import ConfigError, load_settings
 from fleet_shared.config_file import WebhooksSection
 from fleet_shared.db.webhooks import Taken
-from fleet_shared.webhook_delivery import next_step, retry_delay
+from fleet_shared.webhook_delivery import expired, next_step, retry_delay
 from fleet_shared.webhook_targets import CheckedBackend, IPAddress, TargetPolicy, TargetRefused
 from tests.unit.shared.test_config import shipped_env
 
@@ -54,6 +54,23 @@ def test_public_https_targets_pass(url: str) -> None:
         ("https://hooks.example.com:99999/x", "not a URL"),
         ("https://" + "a" * 2050 + ".com/", "at most 2048"),
         ("javascript:alert(1)", "must be https"),
+        # Legacy IPv4 numbers, read as the system resolver reads them.
+        ("https://2130706433/x", "127.0.0.1 is not a public"),
+        ("https://127.1/x", "127.0.0.1 is not a public"),
+        ("https://0x7f000001/x", "127.0.0.1 is not a public"),
+        ("https://0177.0.0.1/x", "127.0.0.1 is not a public"),
+        ("https://10.1/x", "10.0.0.1 is not a public"),
+        # IPv6 ranges that carry an IPv4 address, public or not.
+        ("https://[64:ff9b::a00:5]/x", "not a public address"),  # NAT64 of 10.0.0.5
+        ("https://[64:ff9b:1::a00:5]/x", "not a public address"),
+        ("https://[::7f00:1]/x", "not a public address"),  # IPv4-compatible
+        ("https://[::ffff:0:7f00:1]/x", "not a public address"),  # SIIT
+        ("https://[2002:7f00:1::]/x", "not a public address"),  # 6to4
+        ("https://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/x", "not a public address"),  # Teredo
+        # Not printable ASCII: httpcore would refuse it mid-delivery, glibc would cut it at the NUL.
+        ("https://exämple.com/x", "printable ASCII"),
+        ("https://evil.example\x00.test/x", "printable ASCII"),
+        ("https://evil.example/x y", "printable ASCII"),
     ],
 )
 def test_refused_targets_say_why(url: str, why: str) -> None:
@@ -87,7 +104,7 @@ def test_the_retry_schedule_doubles_to_an_hour_and_gives_up_after_the_window() -
     assert retry_delay(5, 40) == 3600
     section = WebhooksSection(first_retry_seconds=5, give_up_seconds=60)
     ended = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
-    taken = Taken("d", "https://h.example/x", "{}", attempt=1, created_at=ended)
+    taken = Taken("d", "https://h.example/x", "{}", attempt=1, created_at=ended, lease_until=ended)
     assert next_step(section, taken, 200, False, ended) == ("delivered", None)
     assert next_step(section, taken, 500, False, ended) == ("pending", ended + timedelta(seconds=5))
     assert next_step(section, taken, None, False, ended) == ("pending", ended + timedelta(seconds=5))
@@ -95,6 +112,7 @@ def test_the_retry_schedule_doubles_to_an_hour_and_gives_up_after_the_window() -
     assert next_step(section, taken, None, True, ended) == ("failed", None)  # the policy refused it
     late = ended + timedelta(seconds=58)
     assert next_step(section, taken, 500, False, late) == ("failed", None)  # past the window
+    assert not expired(section, taken, late) and expired(section, taken, ended + timedelta(seconds=61))
 
 
 def test_the_signing_secret_must_be_a_whsec_key_of_24_bytes_or_more() -> None:

@@ -40,6 +40,7 @@ REVISIONS = (
     "0010_run_traceparent",
     "0011_waiting_runs",
     "0012_webhooks",
+    "0013_approvals",
 )
 HEAD_REVISION = REVISIONS[-1]
 CONNECT_TIMEOUT_SECONDS = 5

@@ -86,6 +86,9 @@ class Session(Base):
     task: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # Where each of its Runs is posted when it ends, unless the Turn names its own (migration 0012).
     webhook_url: Mapped[str | None] = mapped_column(String(2048), default=None)
+    # Whether its Runs' cells wait for a person's approval (`never`, `always`, `on_risk`), unless
+    # the Turn says (migration 0013). NULL: never.
+    approval: Mapped[str | None] = mapped_column(String(16), default=None)
 
 
 class Run(Base):
@@ -132,6 +135,8 @@ class Run(Base):
     queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     # Where it is posted when it ends (the Turn's `webhook`); NULL: its session's, if any.
     webhook_url: Mapped[str | None] = mapped_column(String(2048), default=None)
+    # The Turn's `approval`; NULL: its session's, as the worker finds it when the Run starts.
+    approval: Mapped[str | None] = mapped_column(String(16), default=None)
 
 
 class Turn(Base):

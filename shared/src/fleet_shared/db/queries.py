@@ -57,6 +57,7 @@ async def update_session(
     title: str | None = None,
     status: str | None = None,
     webhook: tuple[str | None] | None = None,
+    approval: str | None = None,
 ) -> Session | None:
     """Change the title and/or status; None when the session does not exist, or was deleted
     (a conditional UPDATE: a PATCH racing a DELETE never brings the session back)."""
@@ -69,6 +70,8 @@ async def update_session(
         changes["status"] = status
     if webhook is not None:  # (url,) sets it; (None,) clears it
         changes["webhook_url"] = webhook[0]
+    if approval is not None:
+        changes["approval"] = approval
     live = and_(Session.id == session_id, Session.status != DELETED)
     statement = update(Session).where(live).values(**changes).execution_options(synchronize_session=False)
     changed = await db.execute(statement)

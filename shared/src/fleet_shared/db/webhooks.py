@@ -65,6 +65,7 @@ class Taken:
     body: str
     attempt: int  # this attempt's number (1 for the first)
     created_at: datetime
+    lease_until: datetime  # the due time the taking set: only its holder may record the attempt
 
 
 def due_on(db: OrmSession, now: datetime, limit: int) -> list[tuple[str, datetime]]:
@@ -81,7 +82,7 @@ def due_on(db: OrmSession, now: datetime, limit: int) -> list[tuple[str, datetim
 def take_on(db: OrmSession, delivery_id: str, due: datetime, lease: timedelta) -> Taken | None:
     """Own the next attempt until `lease` from now (compare-and-set on the due time: one taker
     wins); None when another process took it first."""
-    now = utcnow()
+    lease_until = utcnow() + lease
     moved = db.execute(
         update(WebhookDelivery)
         .where(
@@ -89,7 +90,7 @@ def take_on(db: OrmSession, delivery_id: str, due: datetime, lease: timedelta) -
             WebhookDelivery.status == PENDING,
             WebhookDelivery.next_attempt_at == due,
         )
-        .values(next_attempt_at=now + lease)
+        .values(next_attempt_at=lease_until)
         .execution_options(synchronize_session=False)
     )
     if getattr(moved, "rowcount", 0) != 1:
@@ -101,7 +102,7 @@ def take_on(db: OrmSession, delivery_id: str, due: datetime, lease: timedelta) -
         ).where(WebhookDelivery.id == delivery_id)
     ).one()
     db.commit()
-    return Taken(delivery_id, row[0], row[1], int(row[2]) + 1, row[3])
+    return Taken(delivery_id, row[0], row[1], int(row[2]) + 1, row[3], lease_until)
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,8 @@ class Attempted:
 
 
 def finish_attempt_on(db: OrmSession, taken: Taken, attempted: Attempted) -> bool:
-    """Record the attempt and move the delivery on, unless another process recorded this attempt
-    first (its lease ran out under us): false then, and nothing is written."""
+    """Record the attempt and move the delivery on, unless the lease ran out and another process
+    took the delivery (it set another due time): false then, and nothing is written."""
     values: dict[str, Any] = {"attempts": taken.attempt, "status": attempted.outcome}
     if attempted.outcome == PENDING:
         values["next_attempt_at"] = attempted.retry_at
@@ -130,6 +131,7 @@ def finish_attempt_on(db: OrmSession, taken: Taken, attempted: Attempted) -> boo
             WebhookDelivery.id == taken.id,
             WebhookDelivery.status == PENDING,
             WebhookDelivery.attempts == taken.attempt - 1,
+            WebhookDelivery.next_attempt_at == taken.lease_until,
         )
         .values(**values)
         .execution_options(synchronize_session=False)

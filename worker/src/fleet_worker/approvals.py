@@ -1,0 +1,177 @@
+"""Approvals before a cell runs (`approval: always | on_risk`), on the program's thread.
+
+The cell's code is sent as an `Approval` event (`pending`), and the Run's approval key in Redis
+is set `pending`; a gateway writes the decision there (`POST /api/runs/{id}/approvals/{aid}`),
+and this thread reads it every POLL_SECONDS. Past `runtime.approval_timeout_seconds` the key is
+set `timed_out` (so a late decision is refused) and the cell is denied. While it waits the
+sandbox is kept but idle (no cell runs), the Run's lease is renewed as always, and a cancel
+stops the wait at once. A denied cell does not run: the RLM is told why, as the cell's error.
+
+`on_risk` is a convenience, not a security boundary: RISKS are a conservative reading of the
+code's syntax (docs/rlm.md), which code that hides what it does (`getattr`, `exec` of a built
+string) gets past. The sandbox is the boundary.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from fleet_shared import redis_keys
+from fleet_shared.events import Approval, RunEvent
+from fleet_worker.errors import TurnStopped
+
+ApprovalMode = Literal["never", "always", "on_risk"]
+PENDING, TIMED_OUT = "pending", "timed_out"
+POLL_SECONDS = 0.2
+REDIS_SECONDS = 2.0
+KEY_GRACE_SECONDS = 60  # the key outlives the wait by this, so a late decision is refused, not lost
+PROCESS_CALLS = {
+    "system", "popen", "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp",
+    "spawnvpe", "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
+    "fork", "forkpty", "kill", "killpg", "posix_spawn", "posix_spawnp",
+}  # fmt: skip
+PROCESS_MODULES = {"subprocess", "pty", "multiprocessing", "ctypes"}
+DELETE_CALLS = {"remove", "unlink", "rmdir", "removedirs", "rmtree"}
+NETWORK_MODULES = {"socket", "urllib", "http", "requests", "httpx", "ftplib", "smtplib", "ssl"}
+LARGE_RANGE = 10_000_000
+
+
+class Decision(msgspec.Struct, frozen=True):
+    """What a gateway writes to the approval key."""
+
+    decision: Literal["approve", "deny"]
+    note: str | None = None
+    by: str | None = None
+
+
+def risk_of(code: str) -> str | None:
+    """Why `on_risk` asks about this code, or None: it starts processes or uses the process
+    modules, deletes a path not written as under `artifacts/`, imports a network module, or loops
+    without an end or over ten million or more items. Code that does not parse is not asked
+    about (it fails as it is)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            roots = {name.split(".", 1)[0] for name in names}
+            if roots & PROCESS_MODULES:
+                return "it starts processes (" + ", ".join(sorted(roots & PROCESS_MODULES)) + ")"
+            if roots & NETWORK_MODULES:
+                return "it uses the network (" + ", ".join(sorted(roots & NETWORK_MODULES)) + ")"
+        if isinstance(node, ast.Call):
+            name = called_name(node.func)
+            if name in PROCESS_CALLS:
+                return f"it starts or signals processes ({name})"
+            if name in DELETE_CALLS and not under_artifacts(node):
+                return f"it deletes files outside artifacts/ ({name})"
+            if name == "range" and any(is_large(arg) for arg in node.args):
+                return "it loops over ten million items or more"
+        if isinstance(node, ast.While) and isinstance(node.test, ast.Constant) and node.test.value:
+            return "it loops without an end (while True)"
+    return None
+
+
+def called_name(func: ast.expr) -> str:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def under_artifacts(call: ast.Call) -> bool:
+    """A deletion whose target is written as a literal path under `artifacts/` (a method on a
+    Path object, whose path is not in the call, is not)."""
+    if not call.args or not isinstance(call.args[0], ast.Constant) or not isinstance(call.args[0].value, str):
+        return False
+    path = call.args[0].value.removeprefix("./").removeprefix("/workspace/")
+    return path.startswith("artifacts/") and ".." not in path.split("/")
+
+
+def is_large(arg: ast.expr) -> bool:
+    try:
+        value = ast.literal_eval(arg)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return isinstance(value, int) and abs(value) >= LARGE_RANGE
+
+
+@dataclass
+class ApprovalGate:
+    """The root RLM's cells, each asked about before it runs (mode `always`, or `on_risk` when
+    risk_of finds a reason)."""
+
+    mode: ApprovalMode
+    redis: Redis
+    loop: asyncio.AbstractEventLoop
+    run_id: str
+    timeout_seconds: float
+    emit: Callable[[RunEvent], None]
+    stop: threading.Event
+
+    def reason(self, code: str) -> str | None:
+        if self.mode == "always":
+            return "every cell of this Turn waits for approval"
+        return risk_of(code) if self.mode == "on_risk" else None
+
+    def review(self, call_id: str, code: str) -> str | None:
+        """None: run the cell. Otherwise it is not run, and this says why (for the RLM)."""
+        reason = self.reason(code)
+        if reason is None:
+            return None
+        approval_id = uuid.uuid4().hex[:16]
+        key = redis_keys.run_approval(self.run_id, approval_id)
+        ttl = int(self.timeout_seconds) + KEY_GRACE_SECONDS
+        self.call(self.redis.set(key, PENDING, ex=ttl))
+        asked = Approval(
+            run_id=self.run_id, approval_id=approval_id, call_id=call_id, code=code, reason=reason,
+            state="pending", timeout_seconds=self.timeout_seconds,
+        )  # fmt: skip
+        self.emit(asked)
+        decision = self.wait(key, ttl)
+        if decision is None:
+            self.emit(msgspec.structs.replace(asked, state="timed_out"))
+            waited = f"{self.timeout_seconds:g} s"
+            return f"This cell was not run: nobody approved it within {waited}. Try another way."
+        state: Literal["approved", "denied"] = "approved" if decision.decision == "approve" else "denied"
+        self.emit(msgspec.structs.replace(asked, state=state, note=decision.note, decided_by=decision.by))
+        if state == "approved":
+            return None
+        why = f" The user's note: {decision.note}" if decision.note else ""
+        return f"This cell was not run: the user denied it.{why} Try another way."
+
+    def wait(self, key: str, ttl: int) -> Decision | None:
+        """The decision, or None once the wait timed out (the key then says so)."""
+        deadline = time.monotonic() + self.timeout_seconds
+        while True:
+            if self.stop.wait(POLL_SECONDS):
+                raise TurnStopped("the Turn was stopped while a cell waited for approval")
+            try:
+                value = self.call(self.redis.get(key))
+                if value is None:  # Redis lost it (a restart): wait on, from a key set again
+                    self.call(self.redis.set(key, PENDING, ex=ttl, nx=True))
+                elif value != PENDING.encode():
+                    return msgspec.json.decode(value, type=Decision)
+                if time.monotonic() >= deadline:
+                    before = self.call(self.redis.set(key, TIMED_OUT, ex=ttl, xx=True, get=True))
+                    if before in (None, PENDING.encode()):
+                        return None
+                    continue  # a decision landed just now: read it
+            except (RedisError, OSError, TimeoutError, msgspec.DecodeError):
+                if time.monotonic() >= deadline:
+                    return None  # Redis stayed away: no decision can arrive
+
+    def call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(REDIS_SECONDS)
