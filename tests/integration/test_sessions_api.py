@@ -91,7 +91,16 @@ def test_patch_renames_and_archives(client: ApiClient) -> None:
     both = client.patch(f"/api/sessions/{session_id}", json={"title": "t", "status": "archived"}).json()
     assert (both["title"], both["status"]) == ("t", "archived")
     assert client.get(f"/api/sessions/{session_id}").json() == {**both, "cost_usd": None}
-    assert set(both) == {"id", "title", "status", "workspace_id", "created_at", "updated_at", "webhook_url"}
+    assert set(both) == {
+        "id",
+        "title",
+        "status",
+        "workspace_id",
+        "created_at",
+        "updated_at",
+        "webhook_url",
+        "approval",
+    }
 
 
 @pytest.mark.parametrize(

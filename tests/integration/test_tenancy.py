@@ -38,12 +38,13 @@ def in_tokens_mode(settings: Settings, tokens: Path) -> Settings:
 
 
 DELETE_SESSION = ("DELETE", "/api/sessions/{session_id}")
+APPROVE = ("POST", "/api/runs/{run_id}/approvals/{approval_id}")
 
 
 def case(method: str, path: str, ids: dict[str, str]) -> tuple[str, dict[str, Any]]:
     """The request for one operation with these ids: a body and parameters that pass validation,
     so only scoping can refuse it."""
-    url = path.format(**ids)
+    url = path.format(**ids, approval_id="0123456789abcdef")
     files = {"session_id": ids["session_id"]}
     cases: dict[tuple[str, str], dict[str, Any]] = {
         ("GET", "/api/sessions/{session_id}"): {},
@@ -64,6 +65,7 @@ def case(method: str, path: str, ids: dict[str, str]) -> tuple[str, dict[str, An
         ("GET", "/api/runs/{run_id}/stream"): {},
         ("PUT", "/api/runs/{run_id}/cancellation"): {},
         ("GET", "/api/runs/{run_id}/webhooks"): {},
+        ("POST", "/api/runs/{run_id}/approvals/{approval_id}"): {"json": {"decision": "approve"}},
         ("GET", "/api/artifacts/{artifact_id}"): {},
         ("GET", "/api/artifacts/{artifact_id}/content"): {},
         ("GET", "/api/attachments/{attachment_id}"): {},
@@ -162,7 +164,10 @@ async def test_every_route_hides_another_tenants_and_another_users_resources(
                 assert await answer(outsider, method, path, mine) == absent, (method, path)
                 checked += 1
             # The owner's Turn would be a live stream, and its DELETE would end the matrix: last.
-            if (method, path) not in (("POST", "/api/sessions/{session_id}/turns"), DELETE_SESSION):
+            if (method, path) == APPROVE:  # found, and refused only because the Run has ended
+                owner = await answer(alice, method, path, mine)
+                assert owner[0] == 409 and owner[1]["code"] == "approval_decided", owner
+            elif (method, path) not in (("POST", "/api/sessions/{session_id}/turns"), DELETE_SESSION):
                 owner = await answer(alice, method, path, mine)
                 assert owner[0] < 400, (method, path, owner)
             reader = await answer(dave, method, path, mine)

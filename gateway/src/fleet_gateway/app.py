@@ -32,6 +32,7 @@ from fleet_gateway.middleware import (
 )
 from fleet_gateway.openapi import document_errors, openapi_config
 from fleet_gateway.origins import RequestPolicy, request_policy_middleware
+from fleet_gateway.routes.approvals import ApprovalController
 from fleet_gateway.routes.artifacts import ArtifactController
 from fleet_gateway.routes.attachments import AttachmentController
 from fleet_gateway.routes.feedback import FeedbackController
@@ -123,6 +124,7 @@ def create_app(settings: Settings) -> Litestar:
             TurnController,
             RunController,
             WebhookController,
+            ApprovalController,
             AttachmentController,
             ArtifactController,
             FilesController,

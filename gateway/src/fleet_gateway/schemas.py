@@ -30,6 +30,29 @@ class ForkSession(Input):
     title: Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)] | msgspec.UnsetType = msgspec.UNSET
 
 
+ApprovalMode = Annotated[
+    Literal["never", "always", "on_risk"],
+    msgspec.Meta(
+        description="`always`: each cell waits for a person's decision before it runs; `on_risk`: "
+        "those a conservative reading of the code finds risky do (docs/rlm.md; a convenience, not "
+        "a security boundary); `never`: none"
+    ),
+]
+
+
+class ApprovalDecisionIn(Input):
+    """POST a decision on a cell waiting for approval; on `deny` the RLM reads the note."""
+
+    decision: Literal["approve", "deny"]
+    note: Annotated[str, msgspec.Meta(max_length=2000, pattern=NO_NUL)] | None = None
+
+
+class ApprovalDecisionOut(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    approval_id: str
+    decision: Literal["approve", "deny"]
+
+
 class WebhookTarget(Input):
     """Where a settled Run is posted (docs/api.md, webhooks)."""
 
@@ -43,6 +66,8 @@ class UpdateSession(Input):
     status: Literal["active", "archived"] | msgspec.UnsetType = msgspec.UNSET
     # The session's default webhook: every Run of it that names none is posted there.
     webhook: WebhookTarget | msgspec.UnsetType | None = msgspec.UNSET
+    # Whether its Runs' cells wait for a person's approval, unless a Turn says.
+    approval: ApprovalMode | msgspec.UnsetType = msgspec.UNSET
 
 
 class SkillSelection(Input):
@@ -69,6 +94,9 @@ class TurnRequest(Input):
     # Where the settled Run is posted (else the session's default, if any). Not part of the
     # request's fingerprint: the first request's target stands for its key.
     webhook: WebhookTarget | None = None
+    # Whether this Turn's cells wait for a person's approval (else the session's; never by
+    # default). Not part of the request's fingerprint, as `webhook`.
+    approval: ApprovalMode | None = None
 
     def fingerprint_bytes(self) -> bytes:
         """The canonical request: same text, attachments and skills → same bytes, whatever the
@@ -90,6 +118,7 @@ class SessionOut(msgspec.Struct, frozen=True, kw_only=True):
     created_at: str
     updated_at: str
     webhook_url: str | None = None  # its Runs' default webhook
+    approval: str = "never"  # whether its Runs' cells wait for approval, unless a Turn says
 
     @classmethod
     def of(cls, session: Session, iso: Any) -> SessionOut:
@@ -99,6 +128,7 @@ class SessionOut(msgspec.Struct, frozen=True, kw_only=True):
             status=session.status,  # type: ignore[arg-type]
             workspace_id=session.workspace_id,
             webhook_url=session.webhook_url,
+            approval=session.approval or "never",
             created_at=iso(session.created_at),
             updated_at=iso(session.updated_at),
         )

@@ -28,11 +28,12 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from fleet_shared import redis_keys
+from fleet_shared.approvals import PENDING, TIMED_OUT, ApprovalDecision
+from fleet_shared.config_file import RuntimeSection
 from fleet_shared.events import Approval, RunEvent
 from fleet_worker.errors import TurnStopped
 
 ApprovalMode = Literal["never", "always", "on_risk"]
-PENDING, TIMED_OUT = "pending", "timed_out"
 POLL_SECONDS = 0.2
 REDIS_SECONDS = 2.0
 KEY_GRACE_SECONDS = 60  # the key outlives the wait by this, so a late decision is refused, not lost
@@ -45,14 +46,6 @@ PROCESS_MODULES = {"subprocess", "pty", "multiprocessing", "ctypes"}
 DELETE_CALLS = {"remove", "unlink", "rmdir", "removedirs", "rmtree"}
 NETWORK_MODULES = {"socket", "urllib", "http", "requests", "httpx", "ftplib", "smtplib", "ssl"}
 LARGE_RANGE = 10_000_000
-
-
-class Decision(msgspec.Struct, frozen=True):
-    """What a gateway writes to the approval key."""
-
-    decision: Literal["approve", "deny"]
-    note: str | None = None
-    by: str | None = None
 
 
 def risk_of(code: str) -> str | None:
@@ -101,11 +94,28 @@ def under_artifacts(call: ast.Call) -> bool:
 
 
 def is_large(arg: ast.expr) -> bool:
-    try:
-        value = ast.literal_eval(arg)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-    return isinstance(value, int) and abs(value) >= LARGE_RANGE
+    value = constant_int(arg)
+    return value is not None and abs(value) >= LARGE_RANGE
+
+
+def constant_int(node: ast.expr, depth: int = 0) -> int | None:
+    """An integer the expression always is (literals and + - * ** of them), or None."""
+    if depth > 20:
+        return None
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = constant_int(node.operand, depth + 1)
+        return None if inner is None else -inner
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.Pow):
+        left, right = constant_int(node.left, depth + 1), constant_int(node.right, depth + 1)
+        if left is None or right is None or abs(left) > 10**18 or abs(right) > 10**18:
+            return None
+        if isinstance(node.op, ast.Pow):
+            return left**right if 0 <= right <= 64 else None
+        operations = {ast.Add: left + right, ast.Sub: left - right, ast.Mult: left * right}
+        return operations[type(node.op)]
+    return None
 
 
 @dataclass
@@ -120,6 +130,22 @@ class ApprovalGate:
     timeout_seconds: float
     emit: Callable[[RunEvent], None]
     stop: threading.Event
+
+    @classmethod
+    def of(
+        cls,
+        mode: ApprovalMode,
+        redis: Redis,
+        run_id: str,
+        runtime: RuntimeSection,
+        emit: Callable[[RunEvent], None],
+    ) -> ApprovalGate | None:
+        """The gate a Turn's root RLM's cells pass before they run; None for `never`. Its stop
+        is the program's, once start_program has one."""
+        if mode == "never":
+            return None
+        loop = asyncio.get_running_loop()
+        return cls(mode, redis, loop, run_id, runtime.approval_timeout_seconds, emit, threading.Event())
 
     def reason(self, code: str) -> str | None:
         if self.mode == "always":
@@ -152,7 +178,7 @@ class ApprovalGate:
         why = f" The user's note: {decision.note}" if decision.note else ""
         return f"This cell was not run: the user denied it.{why} Try another way."
 
-    def wait(self, key: str, ttl: int) -> Decision | None:
+    def wait(self, key: str, ttl: int) -> ApprovalDecision | None:
         """The decision, or None once the wait timed out (the key then says so)."""
         deadline = time.monotonic() + self.timeout_seconds
         while True:
@@ -163,7 +189,7 @@ class ApprovalGate:
                 if value is None:  # Redis lost it (a restart): wait on, from a key set again
                     self.call(self.redis.set(key, PENDING, ex=ttl, nx=True))
                 elif value != PENDING.encode():
-                    return msgspec.json.decode(value, type=Decision)
+                    return msgspec.json.decode(value, type=ApprovalDecision)
                 if time.monotonic() >= deadline:
                     before = self.call(self.redis.set(key, TIMED_OUT, ex=ttl, xx=True, get=True))
                     if before in (None, PENDING.encode()):

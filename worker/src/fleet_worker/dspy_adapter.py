@@ -220,6 +220,10 @@ class SandboxInterpreter:
             raise CodeInterpreterError(HOST_PATHS.scrub(str(exc))) from None
         self.observer.check_stop()
         call_id = self.observer.cell_started(code)
+        gate = self.observer.approvals
+        refused = gate.review(call_id, code) if gate is not None and call_id is not None else None
+        if refused is not None:  # not run: the RLM is told why, as the cell's error
+            raise CodeExecutionError(self.report(call_id, "", False, refused))
         tools = self.observer.lm_tools(self.tool_table)
         fields = [f["name"] for f in self.output_fields] if self.output_fields else None
         try:

@@ -27,6 +27,7 @@ from fleet_shared.events import (
     RunWarning,
 )
 from fleet_shared.transcript import OUTPUT_CUT_NOTE, failed_cell_text
+from fleet_worker.approvals import ApprovalGate
 from fleet_worker.budget import CallBudget, LLMBudgetExhausted
 from fleet_worker.errors import TurnStopped
 from fleet_worker.streamed_parts import (
@@ -79,6 +80,8 @@ class TurnObserver:
     program_failure: tuple[BaseException, BaseException | None] | None = None
     streaming: StreamedParts = field(default_factory=StreamedParts)
     code: StreamedCode | None = None  # the streaming cell's code field, as far as it came
+    # The root RLM's: each of its cells passes it before it runs (a child RLM's cells do not).
+    approvals: ApprovalGate | None = None
 
     def usage_snapshot(self) -> dict[str, dict[str, int]]:
         """Tokens observed so far; safe to call from the event loop while the program runs."""

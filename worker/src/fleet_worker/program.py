@@ -17,6 +17,7 @@ from typing import Any
 
 from fleet_shared.config import ResolvedLM, Settings
 from fleet_worker import dspy_adapter
+from fleet_worker.approvals import ApprovalGate
 from fleet_worker.budget import CallBudget
 from fleet_worker.children import ChildPolicy, ChildRunner
 from fleet_worker.errors import LeaseLost, QuotaExhausted, TurnCancelled, TurnStopped, TurnTimedOut
@@ -61,9 +62,12 @@ def start_program(
     sink: EventSink,
     tokens: TenantTokens | None = None,
     trace: TurnTrace | None = None,
+    approvals: ApprovalGate | None = None,
 ) -> ProgramRun:
     loop = asyncio.get_running_loop()
     stop = threading.Event()
+    if approvals is not None:
+        approvals.stop = stop  # a cancel or the deadline ends a wait for approval at once
     started = asyncio.Event()
     rlm = settings.profile.rlm
     observer = TurnObserver(
@@ -77,6 +81,7 @@ def start_program(
         tokens=tokens,
         # Most of the event cap stays for the steps; the answer streams no more than is kept.
         streaming=StreamedParts(budget=rlm.max_events // 5, max_chars={ANSWER_PART: rlm.max_answer_chars}),
+        approvals=approvals,
     )
     root_cursor, sub_cursor = cursors(scripts, settings, request)
     children = None

@@ -9,7 +9,7 @@ from concurrent.futures import Executor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from redis.asyncio import Redis
@@ -30,6 +30,7 @@ from fleet_shared.shutdown import finish_even_if_cancelled
 from fleet_shared.tenancy import DEFAULT_TENANT
 from fleet_shared.transcript import fold_parts, tombstone_parts, usage_payload
 from fleet_worker import metrics
+from fleet_worker.approvals import ApprovalGate, ApprovalMode
 from fleet_worker.artifacts import ARTIFACTS, stamp_limit
 from fleet_worker.cancels import CancelListener
 from fleet_worker.conversation import load_conversation
@@ -97,6 +98,7 @@ class Claim:
     task: dict[str, Any] | None = None
     workspace: WorkspaceState | None = None  # its latest version, which the Run starts from
     traceparent: str | None = None  # the POST's span: the worker's join its trace
+    approval: ApprovalMode = "never"  # the Turn's, else its session's (fleet_worker.approvals)
 
     @property
     def span_attributes(self) -> dict[str, Any]:
@@ -195,6 +197,7 @@ def start_and_load(
         task=session.task,
         workspace=workspace,
         traceparent=run.traceparent,
+        approval=cast(ApprovalMode, run.approval or session.approval or "never"),
     )
 
 
@@ -316,6 +319,13 @@ async def execute(deps: WorkerDeps, turn: HeldTurn, prepared: Prepared) -> Outco
         sink=turn.sink,
         tokens=tokens,
         trace=turn.trace,
+        approvals=ApprovalGate.of(
+            turn.claim.approval,
+            deps.redis,
+            turn.claim.run_id,
+            settings.profile.runtime,
+            turn.sink.emit_threadsafe,
+        ),
     )
     timeout = settings.profile.runtime.turn_timeout_seconds
     result = await wait_for_program(turn.program, turn.lease, timeout, turn.sink, deps.sandbox_ops)

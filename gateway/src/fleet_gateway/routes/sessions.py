@@ -94,16 +94,22 @@ class SessionController(Controller):
         session_id: FromPath[str],
         data: JSONBody[UpdateSession],
     ) -> SessionOut:
-        """Rename and/or archive a session, or set (`null`: clear) its Runs' default webhook. An
+        """Rename and/or archive a session, set its Runs' approval mode, or set (`null`: clear) their
+        default webhook. An
         archived session refuses new Turns (409 `session_archived`); a Turn already running
         finishes, and history stays readable."""
-        if data.title is msgspec.UNSET and data.status is msgspec.UNSET and data.webhook is msgspec.UNSET:
-            raise ApiError(422, "validation_error", "body: set at least one of title, status, webhook")
+        fields = (data.title, data.status, data.webhook, data.approval)
+        if all(value is msgspec.UNSET for value in fields):
+            message = "body: set at least one of title, status, webhook, approval"
+            raise ApiError(422, "validation_error", message)
         webhook = None if data.webhook is msgspec.UNSET else (checked_target(gw.settings, data.webhook),)
         session = await load_session(db, session_id, caller, write=True)
         title = None if data.title is msgspec.UNSET else data.title.strip()
         status = None if data.status is msgspec.UNSET else data.status
-        updated = await queries.update_session(db, session.id, title=title, status=status, webhook=webhook)
+        approval = None if data.approval is msgspec.UNSET else data.approval
+        updated = await queries.update_session(
+            db, session.id, title=title, status=status, webhook=webhook, approval=approval
+        )
         if updated is None:
             raise not_found("session")
         return SessionOut.of(updated, iso)

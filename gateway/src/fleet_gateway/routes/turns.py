@@ -211,6 +211,7 @@ class TurnController(Controller):
                 traceparent=traceparent_of(submit),
                 waiting_limit=gateway_limits.max_waiting_turns if data.multitask == "enqueue" else 0,
                 webhook_url=webhook_url,
+                approval=data.approval,
             )
             with child_span("turn.claim", submit):
                 outcome = await claim()
