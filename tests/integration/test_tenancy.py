@@ -123,6 +123,13 @@ async def plant(client: Any, harness: Harness, owner: dict[str, str]) -> dict[st
     return mine
 
 
+def owner_may(method: str, path: str, owner: tuple[int, Any]) -> None:
+    if (method, path) == APPROVE:  # found, and refused only because the Run has ended
+        assert owner[0] == 409 and owner[1]["code"] == "approval_decided", owner
+    else:
+        assert owner[0] < 400, (method, path, owner)
+
+
 async def test_every_route_hides_another_tenants_and_another_users_resources(
     harness_factory: HarnessFactory, tmp_path: Path
 ) -> None:
@@ -164,12 +171,8 @@ async def test_every_route_hides_another_tenants_and_another_users_resources(
                 assert await answer(outsider, method, path, mine) == absent, (method, path)
                 checked += 1
             # The owner's Turn would be a live stream, and its DELETE would end the matrix: last.
-            if (method, path) == APPROVE:  # found, and refused only because the Run has ended
-                owner = await answer(alice, method, path, mine)
-                assert owner[0] == 409 and owner[1]["code"] == "approval_decided", owner
-            elif (method, path) not in (("POST", "/api/sessions/{session_id}/turns"), DELETE_SESSION):
-                owner = await answer(alice, method, path, mine)
-                assert owner[0] < 400, (method, path, owner)
+            if (method, path) not in (("POST", "/api/sessions/{session_id}/turns"), DELETE_SESSION):
+                owner_may(method, path, await answer(alice, method, path, mine))
             reader = await answer(dave, method, path, mine)
             if method == "GET" or path.endswith(("/fork", "/feedback")):
                 assert reader[0] < 400, (method, path, reader)  # a reader of the tenant's sessions
