@@ -151,6 +151,16 @@ export class FleetApi {
     return response.status === 204 ? null : response;
   }
 
+  /** Decides on a cell waiting for approval (409 once decided or timed out). */
+  decideApproval(runId: string, approvalId: string, decision: "approve" | "deny", note?: string): Promise<{ decision: string }> {
+    return this.json("POST", `/api/runs/${enc(runId)}/approvals/${enc(approvalId)}`, note ? { decision, note } : { decision });
+  }
+
+  /** The session's approval mode: whether its Turns' cells wait for a person before they run. */
+  setApproval(sessionId: string, approval: "never" | "always" | "on_risk"): Promise<Session> {
+    return this.json("PATCH", `/api/sessions/${enc(sessionId)}`, { approval });
+  }
+
   cancelRun(runId: string): Promise<{ run_id: string; state: string }> {
     return this.json("PUT", `/api/runs/${enc(runId)}/cancellation`);
   }

@@ -175,7 +175,29 @@ export class App {
     return component;
   }
 
+  /** The cell of the current Turn that waits for a decision, if any. */
+  private pendingApproval(): { runId: string; approvalId: string } | undefined {
+    const runId = this.active?.runId;
+    const part = this.active?.component.current.parts.find((p) => p.kind === "approval" && p.state === "pending");
+    return runId && part?.kind === "approval" ? { runId, approvalId: part.approvalId } : undefined;
+  }
+
+  /** Approves or denies the waiting cell; the stream then shows how it was decided. */
+  async decide(decision: "approve" | "deny", note = ""): Promise<void> {
+    const pending = this.pendingApproval();
+    if (!pending) {
+      this.notice("no cell is waiting for approval", [], "error");
+      return;
+    }
+    await this.api.decideApproval(pending.runId, pending.approvalId, decision, note || undefined);
+  }
+
   private onKey(data: string): { consume: boolean } | undefined {
+    if ((data === "y" || data === "n") && this.editor.getText() === "" && this.pendingApproval()) {
+      const decision = data === "y" ? "approve" : "deny";
+      void this.decide(decision).catch((error: unknown) => this.notice(`${decision} failed`, [describeError(error)], "error"));
+      return { consume: true };
+    }
     if (matchesKey(data, Key.escape) && this.active) {
       void this.cancel();
       return { consume: true };

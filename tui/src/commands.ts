@@ -12,6 +12,9 @@ export type Command =
   | { readonly kind: "cancel" }
   | { readonly kind: "interrupt"; readonly text: string }
   | { readonly kind: "queue"; readonly text: string }
+  | { readonly kind: "approve"; readonly note: string }
+  | { readonly kind: "deny"; readonly note: string }
+  | { readonly kind: "approval"; readonly mode: "never" | "always" | "on_risk" }
   | { readonly kind: "exit" }
   | { readonly kind: "skills"; readonly query?: string }
   | { readonly kind: "skill"; readonly name: string }
@@ -36,6 +39,8 @@ export const COMMAND_HELP: readonly (readonly [string, string])[] = [
   ["/cancel", "cancel the running Turn (also Esc, or Ctrl+C)"],
   ["/queue [text]", "send this once the running Turn has ended (it waits on the server); no text: the prompt just refused"],
   ["/interrupt [text]", "cancel the running Turn (and any queued) and send this instead; no text: the prompt just refused"],
+  ["/approval never|always|on_risk", "whether this session's cells wait for your approval before they run"],
+  ["/approve [note] · /deny [note]", "decide on the cell waiting for approval (also y or n on an empty line)"],
   ["/skills [query]", "list skill cards"],
   ["/skill <name|clear>", "select a skill for the next Turns, or clear the selection"],
   ["/attach <path>|list|clear", "upload a file for the next Turn; list or clear pending ones"],
@@ -78,6 +83,11 @@ export function parseCommand(line: string): Command {
       return { kind: "interrupt", text: rest };
     case "queue":
       return { kind: "queue", text: rest };
+    case "approve":
+    case "deny":
+      return { kind: name, note: rest };
+    case "approval":
+      return rest === "never" || rest === "always" || rest === "on_risk" ? { kind: "approval", mode: rest } : invalid("usage: /approval never|always|on_risk");
     case "exit":
     case "quit":
       return none({ kind: "exit" });

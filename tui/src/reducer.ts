@@ -3,7 +3,7 @@
 import type { UIMessageChunk } from "ai";
 import { compareFrameIds, parseFrameId } from "./frame-id.js";
 import type { Frame } from "./sse.js";
-import type { Artifact, ChildPart, Part, Skill, TurnView, Usage, Warning } from "./turn-view.js";
+import type { ApprovalPart, Artifact, ChildPart, Part, Skill, TurnView, Usage, Warning } from "./turn-view.js";
 
 type DataChunk = Extract<UIMessageChunk, { data: unknown }>;
 
@@ -161,6 +161,8 @@ function reduceData(view: TurnView, chunk: DataChunk): TurnView {
       return view.outcome === "streaming" ? { ...view, status: { phase: str(data["phase"]) ?? "", detail: str(data["status"]) ?? str(data["message"]) ?? str(data["detail"]) ?? "" } } : view;
     case "data-child-progress":
       return upsertChild(view, chunk.id ?? str(data["child_id"]), data);
+    case "data-approval":
+      return upsertApproval(view, chunk.id ?? str(data["approval_id"]), data);
     case "data-artifact": {
       const artifact = toArtifact(data);
       if (!artifact) return ignore(view);
@@ -186,6 +188,24 @@ function reduceData(view: TurnView, chunk: DataChunk): TurnView {
     default:
       return ignore(view);
   }
+}
+
+function upsertApproval(view: TurnView, approvalId: string | undefined, data: Record<string, unknown>): TurnView {
+  if (!approvalId) return ignore(view);
+  const note = str(data["note"]);
+  const decidedBy = str(data["decided_by"]);
+  const part: ApprovalPart = {
+    kind: "approval",
+    approvalId,
+    callId: str(data["call_id"]) ?? "",
+    code: str(data["code"]) ?? "",
+    reason: str(data["reason"]) ?? "",
+    state: str(data["state"]) ?? "pending",
+    ...(note !== undefined ? { note } : {}),
+    ...(decidedBy !== undefined ? { decidedBy } : {}),
+  };
+  const index = view.parts.findIndex((p) => p.kind === "approval" && p.approvalId === approvalId);
+  return index < 0 ? { ...view, parts: [...view.parts, part] } : replaceAt(view, index, part);
 }
 
 function upsertChild(view: TurnView, childId: string | undefined, data: Record<string, unknown>): TurnView {

@@ -4,7 +4,7 @@ import { FOLD_KEY_HINT, foldHint, foldLines } from "./fold.js";
 import { highlightPython } from "./highlight.js";
 import { record, str } from "./reducer.js";
 import { style } from "./theme.js";
-import type { ChildPart, Part, ToolPart, TurnView, Usage } from "./turn-view.js";
+import type { ApprovalPart, ChildPart, Part, ToolPart, TurnView, Usage } from "./turn-view.js";
 import { visibleWidth, wrapTextWithAnsi } from "./ui.js";
 
 export interface RenderOptions {
@@ -65,6 +65,8 @@ function renderPart(part: Part, width: number, options: RenderOptions): string[]
       return part.toolName === "python" ? renderCell(part, width, options) : renderCall(part, width, options);
     case "child":
       return block("  ", [renderChild(part)], width);
+    case "approval":
+      return renderApproval(part, width, options);
   }
 }
 
@@ -101,6 +103,21 @@ function renderCall(part: ToolPart, width: number, options: RenderOptions): stri
     const lines = texts.flatMap((t, i) => (texts.length > 1 ? [`[${i}] ${t}`] : [t])).flatMap((t) => t.split("\n"));
     out.push(...folded(style.gray("    ⇒ "), lines, width, options, "      "));
   }
+  return out;
+}
+
+function renderApproval(part: ApprovalPart, width: number, options: RenderOptions): string[] {
+  const out = block("  ", [`${style.yellow(`⚠ approval ${part.callId}`)} ${style.gray(part.reason)}`], width);
+  out.push(...folded(style.gray("  │ "), highlightPython(part.code), width, options));
+  const note = part.note ? `: ${part.note}` : "";
+  const by = part.decidedBy ? ` by ${part.decidedBy}` : "";
+  const outcome: Record<string, string> = {
+    pending: style.yellow("waiting for you: y approves, n denies (/approve or /deny [note])"),
+    approved: style.green(`approved${by}${note}`),
+    denied: style.red(`denied${by}${note}: the cell did not run`),
+    timed_out: style.red("nobody decided in time: the cell did not run"),
+  };
+  out.push(...block("  ", [`${style.gray("└ ")}${outcome[part.state] ?? part.state}`], width));
   return out;
 }
 

@@ -39,6 +39,14 @@ export async function runCommand(app: App, command: Extract<Command, { kind: Han
       if (id === app.sessionId) await app.newSession();
       return app.notice(`deleted session ${id}`, ["its Turns, Runs, files and artifacts are gone"], "success");
     }
+    case "approval": {
+      const session = await app.api.setApproval(requireSession(app), command.mode);
+      const said = { never: "cells run without asking", always: "every cell waits for your approval", on_risk: "cells that look risky wait for your approval" };
+      return app.notice(`approval: ${command.mode}`, [`${said[command.mode]} (session ${session.id})`], "success");
+    }
+    case "approve":
+    case "deny":
+      return app.decide(command.kind, command.note);
     case "rename": {
       const session = await app.api.renameSession(requireSession(app), command.title);
       app.sessionTitle = session.title;

@@ -37,12 +37,24 @@ export interface ChildPart {
   readonly elapsedMs?: number;
 }
 
+/** `data-approval`: a cell waiting for (or given) a person's decision; each report replaces the last. */
+export interface ApprovalPart {
+  readonly kind: "approval";
+  readonly approvalId: string;
+  readonly callId: string;
+  readonly code: string;
+  readonly reason: string;
+  readonly state: string;
+  readonly note?: string;
+  readonly decidedBy?: string;
+}
+
 export interface StepPart {
   readonly kind: "step";
   readonly index: number;
 }
 
-export type Part = ReasoningPart | TextPart | ToolPart | ChildPart | StepPart;
+export type Part = ReasoningPart | TextPart | ToolPart | ChildPart | ApprovalPart | StepPart;
 
 export interface Artifact {
   readonly artifactId: string;

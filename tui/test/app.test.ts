@@ -16,6 +16,8 @@ function fakeGateway(options: { abortOnCancel: boolean; refuseInterrupt?: boolea
   const calls: string[] = [];
   let created = 0;
   let turn: ReadableStreamDefaultController<Uint8Array> | undefined;
+  let approvalStream: ReadableStreamDefaultController<Uint8Array> | undefined;
+  const decisions: string[] = [];
   let endFirst: () => void = () => {};
   const firstEnded = new Promise<void>((resolve) => (endFirst = resolve));
   const encoder = new TextEncoder();
@@ -37,6 +39,35 @@ function fakeGateway(options: { abortOnCancel: boolean; refuseInterrupt?: boolea
     if (method === "GET" && path === "/api/sessions/session-2-abcdef") return json({ id: "session-2-abcdef", title: "older", status: "idle" });
     if (method === "GET" && path === "/api/sessions/session-2-abcdef/turns") return json({ items: [], next_after_sequence: null });
     if (method === "DELETE" && /^\/api\/sessions\/session-(1|2-abcdef)$/.test(path)) return new Response(null, { status: 204 });
+    if (method === "POST" && /^\/api\/sessions\/[^/]+\/turns$/.test(path) && String(init?.body).includes("needs approval")) {
+      // Its cell waits for a decision; a decision on it (below) lets it run.
+      const body = new ReadableStream<Uint8Array>({
+        start(controller) {
+          approvalStream = controller;
+          const pending = { approval_id: "ap-1", call_id: "cell-1", code: "import subprocess", reason: "it starts processes (subprocess)", state: "pending", timeout_seconds: 300 };
+          const frames = [
+            { id: "0.0.1", data: { type: "start", messageId: "run-4", messageMetadata: { runId: "run-4" } } },
+            { id: "1.0", data: { type: "data-approval", id: "ap-1", data: pending } },
+          ];
+          controller.enqueue(encoder.encode(sseOf(frames, false)));
+        },
+      });
+      return new Response(body, { headers: { "content-type": "text/event-stream", "x-fleet-run-id": "run-4" } });
+    }
+    if (method === "POST" && path === "/api/runs/run-4/approvals/ap-1") {
+      decisions.push(String(init?.body));
+      const approved = { approval_id: "ap-1", call_id: "cell-1", code: "import subprocess", reason: "it starts processes (subprocess)", state: "approved", timeout_seconds: 300, decided_by: "me" };
+      const frames = [
+        { id: "2.0", data: { type: "data-approval", id: "ap-1", data: approved } },
+        { id: "3.0", data: { type: "text-start", id: "text-answer" } },
+        { id: "3.1", data: { type: "text-delta", id: "text-answer", delta: "Ran it after approval." } },
+        { id: "3.2", data: { type: "text-end", id: "text-answer" } },
+        { id: "4.0", data: { type: "finish", finishReason: "stop" } },
+      ];
+      approvalStream?.enqueue(encoder.encode(sseOf(frames)));
+      approvalStream?.close();
+      return json({ run_id: "run-4", approval_id: "ap-1", decision: "approve" });
+    }
     if (method === "POST" && /^\/api\/sessions\/[^/]+\/turns$/.test(path) && String(init?.body).includes('"multitask":"enqueue"')) {
       // It waits on the server (heartbeats only) until the running Turn has ended, then runs.
       const body = new ReadableStream<Uint8Array>({
@@ -99,7 +130,7 @@ function fakeGateway(options: { abortOnCancel: boolean; refuseInterrupt?: boolea
     }
     return new Response(JSON.stringify({ code: "not_found", message: "Not Found" }), { status: 404 });
   };
-  return { calls, api: new FleetApi("http://fake.invalid", undefined, fetcher) };
+  return { calls, decisions, api: new FleetApi("http://fake.invalid", undefined, fetcher) };
 }
 
 async function open(abortOnCancel: boolean, refuseInterrupt = false) {
@@ -251,6 +282,18 @@ test("/queue sends the refused prompt to wait behind the running Turn; it runs a
   assert.ok(screen.indexOf("■ Turn cancelled") < screen.indexOf("Answered after it."), screen);
   assert.deepEqual(calls.filter((c) => c.startsWith("PUT")), [`PUT /api/runs/${RUN_ID}/cancellation`]);
   await term.waitFor("the idle info line", (s) => s.includes("ctrl+c quit"), 5_000);
+  term.type(CTRL_C);
+  await exited;
+});
+
+test("a cell waiting for approval shows its code; y approves it and the Turn goes on", async () => {
+  const { decisions, term, exited } = await open(true);
+  term.type("needs approval");
+  term.type("\r");
+  await term.waitFor("the waiting cell", (s) => s.includes("⚠ approval cell-1") && s.includes("import subprocess") && s.includes("y approves, n denies"), 5_000);
+  term.type("y");
+  await term.waitFor("the decision and the answer", (s) => s.includes("approved by me") && s.includes("Ran it after approval."), 5_000);
+  assert.deepEqual(decisions, [JSON.stringify({ decision: "approve" })]);
   term.type(CTRL_C);
   await exited;
 });

@@ -113,6 +113,25 @@ test("a prompt typed while a Turn runs asks queue or interrupt; /queue runs it a
   await exited;
 });
 
+test("with /approval always each cell waits for y, which runs it, and the answer follows", async () => {
+  const { term, app, exited } = await openClient(stack.url);
+  term.type("/approval always");
+  term.type("\r");
+  await term.waitFor("the mode", (s) => s.includes("approval: always"));
+  term.type("write me a reply");
+  term.type("\r");
+  for (let cell = 1; cell <= 2; cell++) {
+    // Each cell: its code shown, waiting; y approves it on the server, and it runs.
+    await term.waitFor(`cell-${cell} waiting`, (s) => count(s, "y approves, n denies") === 1 && s.includes(`⚠ approval cell-${cell}`));
+    term.type("y");
+    await term.waitFor(`cell-${cell} approved`, (s) => count(s, "approved by") === cell);
+  }
+  const screen = await term.waitFor("the answer", (s) => s.includes("Hello from the scripted sub-LM. (4 words)") && s.includes("usage:"));
+  assert.ok(screen.includes("└ 4 words"), screen);  // the approved first cell ran
+  app.exit(0);
+  await exited;
+});
+
 test("Ctrl+C cancels a running Turn; a second Ctrl+C quits", async () => {
   const { term, app, exited } = await openClient(stack.url);
   let code: number | undefined;
