@@ -173,7 +173,16 @@ async def test_decisions_the_route_refuses(harness_factory: HarnessFactory) -> N
         ("for i in range(1000): pass", False),
         ("for i in range(2 * 10**7): pass", True),
         ("for i in range(-10**9, 0): pass", True),
-        ("for i in range(10**10**10): pass", False),  # not folded (an exponent past 64): not a hang
+        ("for i in range(10**10**10): pass", True),  # saturated, never computed
+        ("range(10**7, 10**7 + 2)", False),  # two items
+        ("x = [1]\nx.remove(1)", False),  # a list's remove
+        ("import platform\nplatform.system()", False),
+        ("from os import system\nsystem('ls')", True),
+        ("import asyncio\nasyncio.create_subprocess_shell('ls')", True),
+        ("from concurrent.futures import ProcessPoolExecutor\nProcessPoolExecutor()", True),
+        ("import aiohttp", True),
+        ("rlm_query('summarise the table')", True),  # a child's cells run without asking
+        ("x = " + "1 + " * 100_000 + "1", True),  # too deep to read: asked, not a crash
         ("while True:\n    break", True),
         ("import socket", True),
         ("import urllib.request", True),
@@ -211,3 +220,46 @@ async def test_a_sessions_approval_applies_to_its_turns_unless_a_turn_says(
         text, parts = await answer(client, session)
     assert text == "ran" and not [p for p in parts if p["type"] == "data-approval"]
     assert told.json()["run_id"] != run_id
+
+
+async def test_a_cancel_ends_the_wait_and_the_stream_says_the_cell_never_ran(
+    harness_factory: HarnessFactory,
+) -> None:
+    harness = harness_factory({"lm": "root", "reasoning": "Answer.", "code": "SUBMIT(answer='ran')"})
+    async with AsyncTestClient(create_app(harness.settings)) as client:
+        _session, run_id = await submit(client, "always")
+        worker = asyncio.create_task(harness.work())
+        [pending] = await approvals_of(harness, run_id, "pending")
+        assert (await client.put(f"/api/runs/{run_id}/cancellation")).status_code == 200
+        await asyncio.wait_for(worker, WITHIN_SECONDS)
+        run = (await client.get(f"/api/runs/{run_id}")).json()
+        late = await decide(client, run_id, pending.approval_id, "approve")
+    assert run["status"] == "cancelled" and late.status_code == 409
+    assert [a.state for a in await harness.events(run_id) if isinstance(a, Approval)] == [
+        "pending",
+        "stopped",
+    ]
+
+
+async def test_the_first_decision_counts_a_retry_of_it_is_recorded_and_a_timeout_yields_to_it(
+    redis_client: Any,
+) -> None:
+    """The two scripts that share an approval key, on a real Redis."""
+    from fleet_shared import redis_keys
+    from fleet_shared.approvals import PENDING, TIME_OUT_SCRIPT, TIMED_OUT, ApprovalDecision
+    from fleet_shared.approvals import decide as record
+
+    key = redis_keys.run_approval("run-x", "ap1")
+    await redis_client.set(key, PENDING, ex=60)
+    yes, no = ApprovalDecision("approve", None, "alice"), ApprovalDecision("deny", "no", "bob")
+    assert await record(redis_client, "run-x", "ap1", yes) == "recorded"
+    assert await record(redis_client, "run-x", "ap1", yes) == "recorded"  # the same call, retried
+    assert await record(redis_client, "run-x", "ap1", no) == "already_decided"
+    # The worker's timeout finds the decision and leaves it (it runs the cell).
+    found = await redis_client.eval(TIME_OUT_SCRIPT, 1, key, PENDING, TIMED_OUT)
+    assert msgspec.json.decode(found, type=ApprovalDecision) == yes
+    other = redis_keys.run_approval("run-x", "ap2")
+    await redis_client.set(other, PENDING, ex=60)
+    assert await redis_client.eval(TIME_OUT_SCRIPT, 1, other, PENDING, TIMED_OUT) == PENDING.encode()
+    assert await record(redis_client, "run-x", "ap2", yes) == "already_decided"  # too late
+    assert await record(redis_client, "run-x", "never-asked", yes) == "unknown"

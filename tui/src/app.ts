@@ -48,7 +48,8 @@ export class App {
   // Turns sent with /queue, waiting on the server behind the active one, oldest first: each
   // streams already (heartbeats until it starts) and becomes the active one when that one ends.
   private readonly queued: ActiveTurn[] = [];
-  private refusedPrompt: string | undefined; // typed while a Turn ran: what a bare /queue or /interrupt sends
+  private refusedPrompt: string | undefined;
+  private readonly deciding = new Set<string>(); // approvals this client sent a decision for // typed while a Turn ran: what a bare /queue or /interrupt sends
   private readonly turns: TurnComponent[] = [];
   private exitResolve: ((code: number) => void) | undefined;
   private exiting = false;
@@ -175,21 +176,28 @@ export class App {
     return component;
   }
 
-  /** The cell of the current Turn that waits for a decision, if any. */
+  /** The cell of the current Turn that waits for a decision (and none was sent for), if any. */
   private pendingApproval(): { runId: string; approvalId: string } | undefined {
     const runId = this.active?.runId;
-    const part = this.active?.component.current.parts.find((p) => p.kind === "approval" && p.state === "pending");
+    const view = this.active?.component.current;
+    const part = view?.outcome === "streaming" ? view.parts.find((p) => p.kind === "approval" && p.state === "pending" && !this.deciding.has(p.approvalId)) : undefined;
     return runId && part?.kind === "approval" ? { runId, approvalId: part.approvalId } : undefined;
   }
 
-  /** Approves or denies the waiting cell; the stream then shows how it was decided. */
+  /** Approves or denies the waiting cell, once; the stream then shows how it was decided. */
   async decide(decision: "approve" | "deny", note = ""): Promise<void> {
     const pending = this.pendingApproval();
     if (!pending) {
       this.notice("no cell is waiting for approval", [], "error");
       return;
     }
-    await this.api.decideApproval(pending.runId, pending.approvalId, decision, note || undefined);
+    this.deciding.add(pending.approvalId);
+    try {
+      await this.api.decideApproval(pending.runId, pending.approvalId, decision, note || undefined);
+    } catch (error) {
+      this.deciding.delete(pending.approvalId); // not recorded: it may be decided again
+      throw error;
+    }
   }
 
   private onKey(data: string): { consume: boolean } | undefined {

@@ -116,6 +116,7 @@ function renderApproval(part: ApprovalPart, width: number, options: RenderOption
     approved: style.green(`approved${by}${note}`),
     denied: style.red(`denied${by}${note}: the cell did not run`),
     timed_out: style.red("nobody decided in time: the cell did not run"),
+    stopped: style.red("the Turn ended while the cell waited: it did not run"),
   };
   out.push(...block("  ", [`${style.gray("└ ")}${outcome[part.state] ?? part.state}`], width));
   return out;

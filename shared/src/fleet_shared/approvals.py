@@ -21,14 +21,23 @@ class ApprovalDecision(msgspec.Struct, frozen=True):
     by: str | None = None  # the user who decided
 
 
-# KEYS: the approval key; ARGV: the pending marker, the decision. 1: recorded; 0: no such key
-# (never asked, or long past its wait); 2: decided already, or timed out.
+# KEYS: the approval key; ARGV: the pending marker, the decision. 1: recorded (or this very
+# decision was, by a retry of the same call); 0: no such key (never asked, or long past its
+# wait); 2: decided otherwise already, or timed out.
 DECIDE_SCRIPT = """
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
+if v == ARGV[2] then return 1 end
 if v ~= ARGV[1] then return 2 end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 return 1
+"""
+# The worker's side of the same race: `timed_out` only over `pending`. KEYS: the approval key;
+# ARGV: the pending marker, the timed-out marker. The value it found (nil: no key).
+TIME_OUT_SCRIPT = """
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') end
+return v
 """
 
 

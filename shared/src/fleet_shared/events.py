@@ -153,7 +153,8 @@ class ChildProgress(Event, tag="child.progress"):
     elapsed_ms: int | None = None
 
 
-ApprovalState = Literal["pending", "approved", "denied", "timed_out"]
+# `stopped`: the Turn ended (cancelled, timed out, its lease lost) while the cell waited.
+ApprovalState = Literal["pending", "approved", "denied", "timed_out", "stopped"]
 
 
 class Approval(Event, tag="approval"):

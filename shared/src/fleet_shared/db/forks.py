@@ -76,6 +76,9 @@ def fork_on(db: OrmSession, parent_id: str, title: str | None, owner: Principal)
         updated_at=stamp,
         checkpoint_version=parent.checkpoint_version,
         task=parent.task,
+        # Its approval mode goes along (a safety setting); its webhook does not (the fork may be
+        # another user's, whose Runs must not go to the parent owner's receiver).
+        approval=parent.approval,
     )
     db.add(fork)
     db.flush()
