@@ -135,3 +135,14 @@ def test_a_gateway_killed_mid_attempt_leaves_the_delivery_to_another(deployment:
     assert [r.headers["webhook-id"] for r in got] == [delivery["id"]] * 2  # the same id: idempotent
     for request in got:
         Webhook(SECRET).verify(request.body, request.headers)
+
+
+def test_a_receiver_that_fails_three_times_gets_four_attempts_of_one_delivery(deployment: Deployment) -> None:
+    url, _gateway = deployment.gateway()
+    with serve_receiver(Receiver(statuses=[500, 502, 503])) as receiver:
+        run_id = background_turn(url, receiver.url, "retried")
+        delivery = settled_delivery(url, run_id)
+        got = receiver.wait_for(4)
+    assert delivery["status"] == "delivered"
+    assert [a["status_code"] for a in delivery["attempts"]] == [500, 502, 503, 200]
+    assert {r.headers["webhook-id"] for r in got} == {delivery["id"]} and len({r.body for r in got}) == 1
