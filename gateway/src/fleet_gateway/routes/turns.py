@@ -44,7 +44,8 @@ TURN_STREAM_DESCRIPTION = (
     "(`start-step`/`finish-step`, `reasoning-*`, `tool-input-start`/`tool-input-delta`/"
     "`tool-input-available`/`tool-input-error`, `tool-output-available`/`tool-output-error`, "
     "`text-*`, `data-skill`, "
-    "`data-attachment`, `data-artifact`, `data-child-progress`, `data-warning`, `data-usage`), one "
+    "`data-attachment`, `data-artifact`, `data-child-progress`, `data-approval`, `data-warning`, "
+    "`data-usage`), one "
     "terminal (`finish`, `error` + `finish`, or `abort`), then `data: [DONE]`. docs/api.md has "
     "every field."
 )
