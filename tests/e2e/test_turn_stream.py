@@ -342,7 +342,14 @@ def test_a_background_turn_answers_202_and_its_stream_is_read_later(demo_stack: 
         )
         assert accepted.status_code == 202, accepted.text
         run_id = accepted.json()["run_id"]
-        assert accepted.json() == {"run_id": run_id, "session_id": session_id, "replayed": False}
+        expected = {
+            "run_id": run_id,
+            "session_id": session_id,
+            "status": "queued",
+            "ahead": 0,
+            "replayed": False,
+        }
+        assert accepted.json() == expected
         assert accepted.headers["location"] == f"/api/runs/{run_id}"
         assert accepted.headers["preference-applied"] == "respond-async"
         assert not accepted.headers["content-type"].startswith("text/event-stream")

@@ -54,12 +54,18 @@ ERRORS: dict[str, str] = {
     "404": "`not_found`: an unknown (or another caller's) resource, or route",
     "405": "`method_not_allowed`, with `Allow`",
     "408": "`upload_timeout`: the upload sent nothing for gateway.limits.upload_idle_seconds",
-    "409": "`turn_in_progress`, `idempotency_key_mismatch`, `session_archived`, `settings_revision_conflict`",
+    "409": (
+        "`turn_in_progress`, `queue_full`, `idempotency_key_mismatch`, `session_archived`, "
+        "`settings_revision_conflict`, `approval_decided`"
+    ),
     "413": "`payload_too_large`: the body is over gateway.limits.max_body_bytes",
     "415": "`unsupported_media_type`: send JSON",
     "416": "`range_not_satisfiable`",
     "421": "`host_not_allowed`: the Host header is not a name this gateway answers to",
-    "422": "`validation_error`, `invalid_skill_selection`: the request breaks the schema or a rule",
+    "422": (
+        "`validation_error`, `invalid_skill_selection`, `invalid_webhook`: the request breaks the "
+        "schema or a rule"
+    ),
     "429": "`too_many_uploads`: this client has gateway.limits.max_concurrent_uploads_per_client "
     "uploads in progress; `quota_exceeded`: the tenant is at quotas.active_turns or "
     "quotas.turns_per_minute; see Retry-After",
@@ -184,6 +190,8 @@ def statuses(path: str, method: str, operation: Operation) -> list[str]:
         found += ["403", "409"] if method == "patch" else ["403"]
     if method == "post" and path.endswith("/turns"):
         found += ["409", "429"]
+    if method == "post" and "/approvals/" in path:
+        found.append("409")
     if method == "post" and path.endswith("/fork"):
         found.append("507")
     if path.endswith("/content") and path.startswith("/api/artifacts"):

@@ -6,8 +6,8 @@
   (promote_next_on): it becomes `queued`, and its user Turn is added after the ended Run's
   answer, so the history only ever grows at its end and the follow-up reads the settled history.
   Whoever committed the ending then enqueues its job (fleet_shared.followups).
-- The recovery sweep promotes the line of a session left with none active (a claim withdrawn
-  while Redis was down), and requeues a promoted Run whose job was lost.
+- The recovery sweep promotes the line of a session left with none active (a Run ended by a
+  release without follow-ups, mid-upgrade), and requeues a promoted Run whose job was lost.
 
 On PostgreSQL an enqueue claim holds the session row FOR UPDATE and an ending holds it FOR
 SHARE, each before it writes a Run: a follow-up accepted while the Run ahead of it ends is
@@ -105,10 +105,10 @@ def lock_session_on(db: OrmSession, session_id: str) -> None:
 def promote_next_on(db: OrmSession, session_id: str) -> str | None:
     """In the transaction that ended the session's active Run: the first waiting Run becomes
     `queued`, its user Turn added after the last Turn. Its id, or None when none waits (or a Run
-    is active still). The first one cancelled meanwhile yields to the next."""
-    if db.scalar(select(exists().where(Run.session_id == session_id, IS_ACTIVE))):
-        return None
+    is active still). The first one cancelled meanwhile yields to the next. A session with none
+    waiting (nearly every ending) costs one indexed read."""
     target = decide(RunStatus.WAITING, RunCommand.PROMOTE).target
+    checked = False
     while True:
         first = db.execute(
             select(Run.id, Run.waiting_parts)
@@ -118,6 +118,9 @@ def promote_next_on(db: OrmSession, session_id: str) -> str | None:
         ).first()
         if first is None:
             return None
+        if not checked and db.scalar(select(exists().where(Run.session_id == session_id, IS_ACTIVE))):
+            return None
+        checked = True
         last = db.scalar(select(func.max(Turn.sequence)).where(Turn.session_id == session_id)) or 0
         moved = db.execute(
             update(Run)
