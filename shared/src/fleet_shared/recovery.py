@@ -241,8 +241,8 @@ class Sweeper:
         return 1
 
     async def promote_stranded(self) -> int:
-        """Follow-ups that wait behind no active Run (the Run ahead was withdrawn): the first of
-        each such session is promoted and its job enqueued."""
+        """Follow-ups that wait behind no active Run (a Run ended by a release without them,
+        mid-upgrade): the first of each such session is promoted and its job enqueued."""
         stranded = await run_whole(self.db_sessions, waiting.stranded_sessions_on)
         moved = 0
         for session_id in stranded:

@@ -7,7 +7,7 @@ set `timed_out` (so a late decision is refused) and the cell is denied. While it
 sandbox is kept but idle (no cell runs), the Run's lease is renewed as always, and a cancel
 stops the wait at once. A denied cell does not run: the RLM is told why, as the cell's error.
 
-`on_risk` is a convenience, not a security boundary: RISKS are a conservative reading of the
+`on_risk` is a convenience, not a security boundary: risk_of is a conservative reading of the
 code's syntax (docs/rlm.md), which code that hides what it does (`getattr`, `exec` of a built
 string) gets past. The sandbox is the boundary.
 """

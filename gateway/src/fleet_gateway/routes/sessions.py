@@ -94,10 +94,9 @@ class SessionController(Controller):
         session_id: FromPath[str],
         data: JSONBody[UpdateSession],
     ) -> SessionOut:
-        """Rename and/or archive a session, set its Runs' approval mode, or set (`null`: clear) their
-        default webhook. An
-        archived session refuses new Turns (409 `session_archived`); a Turn already running
-        finishes, and history stays readable."""
+        """Rename and/or archive a session, set its Turns' default approval mode, or set (`null`:
+        clear) their default webhook. An archived session refuses new Turns (409
+        `session_archived`); a Turn already running finishes, and history stays readable."""
         fields = (data.title, data.status, data.webhook, data.approval)
         if all(value is msgspec.UNSET for value in fields):
             message = "body: set at least one of title, status, webhook, approval"
