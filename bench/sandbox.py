@@ -10,6 +10,10 @@
 - `turn`: the `turn` lane's whole 3-iteration program in-process (dspy.RLM, fleet's signature and
   scripted engine), once on a bwrap REPL leased from the warm pool (acquire, cells, release), once
   on dspy's LocalInterpreter: the sandbox's share of a Turn.
+- `python_packages`: the cells' packages (bench/sandbox_python.py): the REPL's start with them
+  mounted vs without, and a cold and a preloaded `import pandas`.
+
+Every fleet side runs as the shipped profile does, with its packages (sandbox.python) mounted.
 
 Samples of the two sides are interleaved, so machine noise hits both alike. p50/p95/p99, the
 machine load and the receipt come from bench.harness.
@@ -30,9 +34,8 @@ from typing import Any
 
 from dspy.primitives.local_interpreter import LocalInterpreter
 
+from bench import sandbox_python
 from bench.harness import Receipt, compared, goal, summary, timed
-from fleet_worker.sandbox.boundary import Caps
-from fleet_worker.sandbox.jail import LocalSandboxConfig
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.process import descendants
 
@@ -171,7 +174,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     )
     root = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     root.chmod(0o711)
-    provider = LocalSandboxProvider(LocalSandboxConfig(pool_size=4), caps=Caps(), workspaces=root)
+    provider = sandbox_python.shipped_provider(root)
     baseline = LocalInterpreter(tools={"echo": echo})
     pooled: dict[str, Any] = {}
     echo_process = PipeEcho()
@@ -201,8 +204,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             receipt.figures[name] = compared(ours[name], theirs[name])
             receipt.ratios[name] = {k: v for k, v in receipt.figures[name].items() if k.startswith("ratio")}
         receipt.figures["pipe_round_trip"] = summary(hops)
-        receipt.figures["lease_from_pool"] = pooled
-        receipt.figures["lease_cold"] = cold
+        receipt.figures.update(lease_from_pool=pooled, lease_cold=cold)
+        packages_goal = sandbox_python.measured(receipt, root / "python", 10 if quick else 30)
     finally:
         echo_process.close()
         baseline.shutdown()
@@ -227,10 +230,12 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         f"it a fleet cell would be {without_supervisor} x LocalInterpreter's."
     )
     lease_p50 = pooled["acquire"]["p50_ms"]
+
     turn_ratio = receipt.ratios["turn"]["ratio_p50"]
     receipt.goals = [
         goal("cell", "cell round trip ≤ 1.0 x LocalInterpreter (p50)", cell_ratio, cell_ratio <= 1.0),
         goal("lease", "lease acquire ≤ 10 ms p50 from the warm pool", lease_p50, lease_p50 <= 10),
+        packages_goal,
         goal(
             "turn_on_bwrap",
             "a Turn on bwrap ≤ 1.1 x the same Turn on LocalInterpreter in-process (p50)",

@@ -29,6 +29,10 @@ pytest_plugins = ["pytester", "tests.support.network_guard"]
 # litellm otherwise fetches its model cost map from GitHub the first time an LM is built, here and
 # in every process the suite starts (they inherit this environment); the bundled copy does.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# uv, which a worker runs to build the cells' packages when a host lacks them, reads only its
+# cache here and in every process the suite starts: the install step built them before pytest
+# (`fleet sandbox build`), so no test asks a package index.
+os.environ["UV_OFFLINE"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
 POSTGRES_ADMIN_DSN = os.environ.get(

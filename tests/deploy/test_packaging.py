@@ -311,3 +311,25 @@ def test_worker_install_runs_db_check(worker: ImageInstall, tmp_path: Path) -> N
     done = worker.fleet("db", "check", FLEET_DATABASE_URL=sqlite_url(tmp_path))
     assert done.returncode == 1
     assert "head is" in done.stdout
+
+
+def test_worker_image_builds_the_cells_packages_where_its_workers_find_them(worker: ImageInstall) -> None:
+    """The worker stage's `fleet sandbox build`, run by that install with the image's ENV: the
+    shipped profile's packages land in FLEET_SANDBOX_PYTHON_DIR, and `fleet doctor` there finds
+    them built (the check a worker's start makes before it would build anything)."""
+    runs = [
+        ins.args for ins in worker.target.own if ins.keyword == "RUN" and "fleet sandbox build" in ins.args
+    ]
+    assert len(runs) == 1, "the worker stage builds the sandbox's packages once"
+    folder = Path(worker.env()["FLEET_SANDBOX_PYTHON_DIR"])
+    assert folder.is_relative_to(worker.root)
+    folder.mkdir(parents=True, exist_ok=True)
+    done = worker.fleet("sandbox", "build", UV_OFFLINE="1")  # from the cache the install step filled
+    assert done.returncode == 0, done.stderr[-2000:]
+    (built,) = [path for path in folder.iterdir() if not path.name.startswith(".")]
+    installed = json.loads((built / "environment.json").read_text())["installed"]
+    assert {line.split("==")[0] for line in installed} >= {"numpy", "pandas", "regex"}
+    doctor = worker.fleet("doctor", "--json", FLEET_REDIS_URL="redis://127.0.0.1:1/0")
+    checks = {check["name"]: check for check in json.loads(doctor.stdout)["checks"]}
+    assert checks["sandbox.python"]["status"] == "ok", checks["sandbox.python"]
+    assert str(built) in checks["sandbox.python"]["detail"]

@@ -114,6 +114,7 @@ def test_a_healthy_install_passes_every_check(redis_url: str, head_db: str) -> N
         "sandbox.cgroups",
         "sandbox.seccomp",
         "sandbox.workspace_budget",
+        "sandbox.python",
         "sandbox.cell",
         "provider",
     ]
@@ -124,6 +125,9 @@ def test_a_healthy_install_passes_every_check(redis_url: str, head_db: str) -> N
     assert checks["redis"]["status"] == "ok" and "answered PING" in checks["redis"]["detail"]
     assert checks["sandbox.cell"]["status"] == "ok", checks["sandbox.cell"]
     assert "print(1+1) printed 2 in a bwrap" in checks["sandbox.cell"]["detail"]
+    # The install step built the shipped packages; the cell saw each of their distributions.
+    assert checks["sandbox.python"]["status"] == "ok", checks["sandbox.python"]
+    assert "it sees the 5 distributions of sandbox.python" in checks["sandbox.cell"]["detail"]
     assert checks["provider"] == {
         "name": "provider",
         "status": "skip",
@@ -132,6 +136,23 @@ def test_a_healthy_install_passes_every_check(redis_url: str, head_db: str) -> N
     }
     for name in ("config", "sandbox.bwrap", "sandbox.userns", "sandbox.seccomp"):
         assert checks[name]["status"] == "ok", checks[name]
+
+
+def test_packages_not_built_yet_warn_with_the_build_command(
+    redis_url: str, head_db: str, tmp_path: Path
+) -> None:
+    """A host where no worker has started yet: the doctor says so and builds nothing itself."""
+    env = doctor_env(redis_url, head_db, FLEET_SANDBOX_PYTHON_DIR=str(tmp_path))
+    code, document, printed, _ = run_doctor(env)
+    checks = by_name(document)
+    assert code == 0, printed  # a warning: a worker would build them at its start
+    assert checks["sandbox.python"]["status"] == "warn"
+    assert "not built" in checks["sandbox.python"]["detail"]
+    assert checks["sandbox.python"]["fix"] == "run `fleet sandbox build`"
+    assert (
+        checks["sandbox.cell"]["status"] == "ok" and "distributions" not in checks["sandbox.cell"]["detail"]
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_fleet_command_prints_a_table(redis_url: str, head_db: str) -> None:

@@ -18,12 +18,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from fleet_shared.config import DaytonaSection, load_settings
+from fleet_shared.config import DaytonaSection, SandboxPythonSection, load_settings
+from fleet_shared.config_file import DEFAULT_SANDBOX_PACKAGES
 from fleet_shared.db.models import Session
 from fleet_worker.errors import SandboxFailed
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.daytona.provider import DaytonaAccess, DaytonaSandboxProvider, daytona_provider
 from fleet_worker.sandbox.errors import CellInterrupted, CellTimeout, SandboxUnavailable
+from fleet_worker.sandbox.jail import SITE_MOUNT
 from tests.support.fake_daytona import FakeDaytona
 from tests.support.manifests import manifest_entries
 
@@ -314,7 +316,28 @@ def test_fleet_daytona_snapshot_pins_the_repl_python(fake_daytona: FakeDaytona, 
     done = fleet_cli(cli_env(fake_daytona, tmp_path), "daytona", "snapshot")
     assert done.returncode == 0, done.stderr
     body = fake_daytona.snapshots["fleet-repl"]
-    assert "python:3.11" in body["buildInfo"]["dockerfileContent"]
+    dockerfile = body["buildInfo"]["dockerfileContent"]
+    assert "python:3.11" in dockerfile
+    # The profile's packages, wheels only, where the REPL looks for them (as in a local jail).
+    (install,) = [line for line in dockerfile.splitlines() if "pip install" in line and "--target" in line]
+    assert all(package in install for package in DEFAULT_SANDBOX_PACKAGES), install
+    assert f"--only-binary=:all: --target {SITE_MOUNT}" in install
+
+
+@pytest.mark.parametrize(
+    ("python", "args"),
+    [
+        (SandboxPythonSection(preload=("pandas",)), f" --site {SITE_MOUNT} --preload pandas"),
+        (SandboxPythonSection(), f" --site {SITE_MOUNT}"),
+        (SandboxPythonSection(packages=()), ""),  # the standard library only: nothing to add
+    ],
+)
+def test_the_daytona_repl_adds_the_snapshots_packages_to_its_path(
+    fake_daytona: FakeDaytona, python: SandboxPythonSection, args: str
+) -> None:
+    access = DaytonaAccess(API_KEY, f"{fake_daytona.url}/api", None)
+    provider = DaytonaSandboxProvider(DaytonaSection(), access, Caps(), python=python)
+    assert provider.site_args() == args
 
 
 def test_fleet_worker_refuses_an_unconfigured_daytona_profile_with_one_line(

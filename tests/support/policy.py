@@ -2,11 +2,13 @@
 
 `fleet gateway` serves `PATCH /api/settings`, which rewrites the file FLEET_CONFIG names: a test
 stack that a fuzzer or a test may drive there gets a copy in its own work dir. The copy can also
-shorten the offline profile's heartbeat or its cell timeout, or raise its log level.
+shorten the offline profile's heartbeat or its cell timeout, raise its log level, or preload modules
+into its REPLs.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -37,6 +39,7 @@ def private_policy(
     heartbeat_seconds: float | None = None,
     log_level: str | None = None,
     cell_timeout_seconds: float | None = None,
+    preload: list[str] | None = None,
 ) -> dict[str, str]:
     """Copy config/fleet.toml (and its scripts) into `dest/policy/`; the env that selects the copy."""
     folder = dest / "policy"
@@ -49,6 +52,8 @@ def private_policy(
         text = set_offline_value(text, "observability", "log_level", f'"{log_level}"')
     if cell_timeout_seconds is not None:
         text = set_offline_value(text, "sandbox.local", "cell_timeout_seconds", repr(cell_timeout_seconds))
+    if preload is not None:
+        text = set_offline_value(text, "sandbox.python", "preload", json.dumps(preload))
     path = folder / "fleet.toml"
     path.write_text(text, encoding="utf-8")
     folder.chmod(0o755)

@@ -1,4 +1,4 @@
-"""`fleet`: the process commands (up, cli, gateway, worker, db, daytona, doctor, gc)."""
+"""`fleet`: the process commands (up, cli, gateway, worker, db, sandbox, daytona, doctor, gc)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of /metrics and /health, 0 for none (default: worker.metrics_port)",
     )
 
+    sandbox = command("sandbox", "the local sandbox's Python packages (sandbox.python.packages)")
+    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    sandbox_commands.add_parser(
+        "build", help="build the packages' read-only environment on this host (once per package set)"
+    )
+
     daytona = command("daytona", "Daytona sandboxes (sandbox.provider = daytona)")
     daytona_commands = daytona.add_subparsers(dest="daytona_command", required=True)
     daytona_commands.add_parser("snapshot", help="build the REPL's snapshot (sandbox.daytona.snapshot)")
@@ -147,6 +153,7 @@ COMMAND_SIDES = {
     "gateway": ("gateway",),
     "worker": ("worker",),
     "daytona": ("worker",),
+    "sandbox": ("worker",),
 }
 
 
@@ -177,6 +184,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from fleet_cli.daytona import run_daytona
 
         return run_daytona(args.daytona_command if args.command == "daytona" else "doctor")
+    if args.command == "sandbox":
+        from fleet_cli.sandbox import run_sandbox
+
+        return run_sandbox(args.sandbox_command, db_only_env())
     if args.command == "doctor":
         from fleet_cli.doctor import run_doctor
 
@@ -370,7 +381,7 @@ def run_db(command: str) -> int:
 
 
 def db_only_env() -> dict[str, str]:
-    """`fleet db` needs no Redis; give the loader a placeholder so it does not ask for one."""
+    """`fleet db` and `fleet sandbox` need no Redis; the loader gets a placeholder instead."""
     env = dict(os.environ)
     env.setdefault("FLEET_REDIS_URL", "redis://unused")
     return env

@@ -138,11 +138,35 @@ class DaytonaSection(Section):
     idle_minutes: Annotated[float, msgspec.Meta(gt=0)] = 30  # then the sweep deletes the sandbox
 
 
+# `name==version` or `name[extra]==version`, nothing else: never an option (it starts with a
+# letter or digit), a URL or a path, so the list can only name wheels from the index uv uses.
+PINNED_REQUIREMENT = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?==[A-Za-z0-9.+!_-]+\Z"
+PinnedRequirement = Annotated[str, msgspec.Meta(pattern=PINNED_REQUIREMENT, max_length=200)]
+ModuleName = Annotated[
+    str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z", max_length=200)
+]
+# The data set cells get by default: numpy and pandas for tables, and regex, whose `timeout`
+# bounds a pattern that backtracks without end over a large context (the stdlib's `re` has none).
+DEFAULT_SANDBOX_PACKAGES = ("numpy==2.4.6", "pandas==3.1.1", "regex==2026.12.2")
+
+
+class SandboxPythonSection(Section):
+    """The packages cells can import, besides the standard library (docs/sandbox-python.md)."""
+
+    # What the worker builds and every cell may run: only whoever edits the file chooses it.
+    packages: Annotated[tuple[PinnedRequirement, ...], msgspec.Meta(max_length=100, extra=FILE_ONLY)] = (
+        DEFAULT_SANDBOX_PACKAGES
+    )
+    # Imported by each REPL before its first cell (a warm REPL has them loaded when its Run comes).
+    preload: Annotated[tuple[ModuleName, ...], msgspec.Meta(max_length=50)] = ()
+
+
 class SandboxSection(Section):
     # Where cells run and workspaces go (this host, or a third party's sandboxes): an exposure.
     provider: Annotated[Literal["local", "daytona"], msgspec.Meta(extra=FILE_ONLY)] = "local"
     local: LocalSandboxSection = msgspec.field(default_factory=LocalSandboxSection)
     daytona: DaytonaSection | None = None
+    python: SandboxPythonSection = msgspec.field(default_factory=SandboxPythonSection)
 
 
 class BlobSection(Section):

@@ -23,6 +23,8 @@ from fleet_worker.sandbox.jail import (
     MASK_BYTES,
     OUTPUT_FD_PLACEHOLDER,
     SECCOMP_FD_PLACEHOLDER,
+    SITE_MOUNT,
+    THREAD_VARIABLES,
     WORKSPACE_MOUNT,
     LocalSandboxConfig,
     bwrap_command,
@@ -281,7 +283,10 @@ def test_bwrap_command(python: str, executable: str, prefix: str | None, tmp_pat
         "HOME": "/workspace",
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
+        # Native libraries' threads: one per CPU the sandbox gets (sandbox.local.cpus = 1).
+        **dict.fromkeys(THREAD_VARIABLES, "1"),
     }
+    assert SITE_MOUNT not in options  # no packages configured: nothing of them is mounted
 
     assert pairs(options, "--bind") == [(str(workspace), WORKSPACE_MOUNT)]
     ro_binds = pairs(options, "--ro-bind")
@@ -317,6 +322,20 @@ def test_bwrap_command(python: str, executable: str, prefix: str | None, tmp_pat
         "--output-fd",
         OUTPUT_FD_PLACEHOLDER,
     ]
+
+
+def test_bwrap_command_mounts_the_packages_read_only_and_names_them_to_the_driver(tmp_path: Path) -> None:
+    site = tmp_path / "env" / "site"
+    cfg = LocalSandboxConfig(python_site=str(site), preload=("pandas", "numpy"), cpus=2.5)
+    argv = bwrap_command(cfg, tmp_path / "ws", "/usr/bin/python3", DRIVER_SOURCE, uid=1)
+    options, command = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    assert (str(site), SITE_MOUNT) in pairs(options, "--ro-bind")
+    assert str(site) not in [source for source, _ in pairs(options, "--bind")]  # never writable
+    # Mounted before the root is made read-only (bwrap creates the mount point in it).
+    root_read_only = [i for i, arg in enumerate(options) if arg == "--remount-ro" and options[i + 1] == "/"]
+    assert options.index(SITE_MOUNT) < root_read_only[0]
+    assert command[-4:] == ["--site", SITE_MOUNT, "--preload", "pandas,numpy"]
+    assert dict(pairs(options, "--setenv"))["OPENBLAS_NUM_THREADS"] == "3"
 
 
 def test_bwrap_command_mirrors_merged_usr_symlinks(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.jail import local_sandbox_config
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.provider import SandboxProvider
+from fleet_worker.sandbox.python_env import with_packages
 from fleet_worker.sandbox.sync import VersionedFolders
 from fleet_worker.turn import WorkerDeps, run_turn
 from fleet_worker.workspace_objects import WorkspaceObjects
@@ -63,7 +64,8 @@ def sandbox_provider(settings: Settings, blobs: BlobStore | None = None) -> Sand
         return daytona_provider(settings, objects=workspace_objects(settings, blobs))
     # Where sandboxed code writes on this host: the interpreter must never come from there.
     roots = (settings.data_dir, settings.workspaces_dir, relocated_root(settings.workspaces_dir))
-    local = local_sandbox_config(settings.profile.sandbox.local)
+    sandbox = settings.profile.sandbox
+    local = with_packages(local_sandbox_config(sandbox.local), sandbox.python)
     provider = LocalSandboxProvider(
         local,
         caps=Caps.from_rlm(settings.profile.rlm),

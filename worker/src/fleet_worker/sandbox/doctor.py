@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-from fleet_shared.config import Settings
+from fleet_shared.config import SandboxPythonSection, Settings
 from fleet_shared.doctor import Check
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.cgroups import (
@@ -38,8 +38,15 @@ from fleet_worker.sandbox.cgroups import (
     inspect,
 )
 from fleet_worker.sandbox.errors import INSTALL_HINT, SandboxError, SandboxUnavailable
-from fleet_worker.sandbox.jail import LocalSandboxConfig, local_sandbox_config
+from fleet_worker.sandbox.jail import LocalSandboxConfig, local_sandbox_config, resolve_python
 from fleet_worker.sandbox.local import LocalSandboxProvider
+from fleet_worker.sandbox.python_env import (
+    EnvironmentUnavailable,
+    environment_key,
+    environments_dir,
+    find_environment,
+    interpreter_version,
+)
 from fleet_worker.sandbox.removal import remove_tree
 from fleet_worker.sandbox.syscalls import build_filter
 from fleet_worker.sandbox.volumes import WorkspaceVolumes
@@ -49,6 +56,8 @@ CELL_TIMEOUT_SECONDS = 20.0
 STARTUP_TIMEOUT_SECONDS = 10.0
 PROBE_TIMEOUT_SECONDS = 5.0
 CELL = "print(1+1)"
+# The distributions on the cell's path: only the packages' folder has any (-S: no site-packages).
+PACKAGES_CELL = "import importlib.metadata as m\nprint(len(list(m.distributions())))"
 CLONE_NEWUSER = 0x10000000
 # Run in a child, so the doctor itself never enters a new namespace. Python 3.11 has no os.unshare.
 UNSHARE_USERNS = (
@@ -83,11 +92,12 @@ def check_sandbox(settings: Settings) -> list[Check]:
         detail = "sandbox.provider = daytona: `fleet doctor daytona` runs a cell in a disposable sandbox"
         return [Check(name="sandbox", status="skip", detail=detail)]
     cfg = doctor_config(local_sandbox_config(settings.profile.sandbox.local))
+    packages, cfg, distributions = check_packages(cfg, settings.profile.sandbox.python)
     try:
         view = inspect()
     except OSError as exc:
         view = CgroupView(0, (), (), needs=f"cannot read this process's cgroups: {exc}")
-    cell = run_cell(cfg, Caps.from_rlm(settings.profile.rlm), view)
+    cell = run_cell(cfg, Caps.from_rlm(settings.profile.rlm), view, distributions)
     works = cell.status != "fail"
     return [
         check_bwrap(cfg),
@@ -95,8 +105,35 @@ def check_sandbox(settings: Settings) -> list[Check]:
         check_cgroups(cfg, view),
         check_seccomp(),
         check_workspace_budget(cfg),
+        packages,
         cell,
     ]
+
+
+def check_packages(
+    cfg: LocalSandboxConfig, section: SandboxPythonSection
+) -> tuple[Check, LocalSandboxConfig, int | None]:
+    """Whether this host has the profile's packages built (the doctor never builds them); the
+    config the cell check runs with (theirs mounted, as a worker would), and how many
+    distributions that cell must see (None: nothing mounted)."""
+    name = "sandbox.python"
+    if not section.packages:
+        detail = "no packages: cells have the standard library only"
+        return Check(name=name, status="ok", detail=detail), cfg, None
+    root = environments_dir()
+    try:
+        python = resolve_python(cfg)
+        key = environment_key(section.packages, python, interpreter_version(python))
+    except EnvironmentUnavailable as exc:
+        fix = "install python3 or set sandbox.local.python"
+        return Check(name=name, status="fail", detail=str(exc), fix=fix), cfg, None
+    built = find_environment(root, key)
+    if built is None:
+        detail = f"{', '.join(section.packages)} not built in {root}: a worker builds them at its start"
+        return Check(name=name, status="warn", detail=detail, fix="run `fleet sandbox build`"), cfg, None
+    detail = f"{len(built.installed)} distributions in {built.site}"
+    mounted = dataclasses.replace(cfg, python_site=str(built.site), preload=section.preload)
+    return Check(name=name, status="ok", detail=detail), mounted, len(built.installed)
 
 
 def doctor_config(cfg: LocalSandboxConfig) -> LocalSandboxConfig:
@@ -251,14 +288,17 @@ class DoctorCgroups(Cgroups):
             cgroup.try_rmdir(attempts=100, pause=0.05)
 
 
-def run_cell(cfg: LocalSandboxConfig, caps: Caps, view: CgroupView) -> Check:
-    """Start a REPL the way the worker does, in a throwaway workspace, and run one cell."""
+def run_cell(
+    cfg: LocalSandboxConfig, caps: Caps, view: CgroupView, distributions: int | None = None
+) -> Check:
+    """Start a REPL the way the worker does, in a throwaway workspace, and run one cell; with the
+    packages mounted, the cell also counts the distributions it can import from."""
     cgroups = DoctorCgroups(view)
     provider = LocalSandboxProvider(cfg, caps=caps, cgroups=lambda _limits: cgroups)
     scratch = Path(tempfile.mkdtemp(prefix="fleet-doctor-"))
     scratch.chmod(0o711)  # ours: a sandbox uid passes through to its workspace, as in a data dir
     try:
-        check = timed_cell(provider, scratch / "workspaces")
+        check = timed_cell(provider, scratch / "workspaces", distributions)
     finally:
         provider.close()
         cgroups.remove_created()
@@ -270,7 +310,7 @@ def run_cell(cfg: LocalSandboxConfig, caps: Caps, view: CgroupView) -> Check:
     return msgspec.structs.replace(check, detail=detail)
 
 
-def timed_cell(provider: LocalSandboxProvider, workspaces: Path) -> Check:
+def timed_cell(provider: LocalSandboxProvider, workspaces: Path, distributions: int | None = None) -> Check:
     started = time.monotonic()
     try:
         isolation = provider.isolation  # settles it as the worker does, probe REPL included
@@ -280,7 +320,9 @@ def timed_cell(provider: LocalSandboxProvider, workspaces: Path) -> Check:
     try:
         lease = provider.acquire_scratch("doctor")
         try:
-            result = lease.interpreter_factory().execute(CELL, {}, {}, None)
+            session = lease.interpreter_factory()
+            result = session.execute(CELL, {}, {}, None)
+            seen = session.execute(PACKAGES_CELL, {}, {}, None) if distributions is not None else None
         finally:
             lease.release()
     except (SandboxError, OSError) as exc:
@@ -293,6 +335,12 @@ def timed_cell(provider: LocalSandboxProvider, workspaces: Path) -> Check:
         detail = f"{CELL} in a {isolation.mode} sandbox did not print 2 ({problem})"
         return Check(name="sandbox.cell", status="fail", detail=detail, fix="see docs/security.md")
     detail = f"{CELL} printed 2 in a {isolation.mode} sandbox ({elapsed:.2f}s, REPL start included)"
+    if seen is not None:
+        if seen.error is not None or seen.stdout.strip() != str(distributions):
+            problem = f"{seen.error.type}: {seen.error.message}" if seen.error else seen.stdout.strip()
+            detail = f"the cell cannot see the {distributions} distributions of sandbox.python ({problem})"
+            return Check(name="sandbox.cell", status="fail", detail=detail, fix="run `fleet sandbox build`")
+        detail += f"; it sees the {distributions} distributions of sandbox.python"
     if isolation.bwrap is None:
         fix = "install bubblewrap and set sandbox.local.allow_unisolated = false"
         return Check(name="sandbox.cell", status="warn", detail=detail, fix=fix)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -19,6 +21,7 @@ log = structlog.get_logger(__name__)
 
 
 WORKSPACE_MOUNT = "/workspace"
+SITE_MOUNT = "/opt/sandbox-python"  # the packages (sandbox.python), in a jail or a Daytona snapshot
 # Replaced by fd numbers when a REPL is spawned (fleet_worker.sandbox.process).
 OUTPUT_FD_PLACEHOLDER = "{output-fd}"
 SECCOMP_FD_PLACEHOLDER = "{seccomp-fd}"
@@ -53,6 +56,10 @@ class LocalSandboxConfig:
     pool_size: int = 4  # warm REPLs kept for workspaces whose next Run is likely soon
     pool_idle_seconds: float = 300.0
     startup_timeout_seconds: float = 10.0
+    # sandbox.python: the built packages' folder on this host (None: the standard library only),
+    # and the modules each REPL imports before its first cell.
+    python_site: str | None = None
+    preload: tuple[str, ...] = ()
 
 
 def local_sandbox_config(section: LocalSandboxSection) -> LocalSandboxConfig:
@@ -90,18 +97,33 @@ def resolve_python(cfg: LocalSandboxConfig) -> str:
     return os.path.realpath(sys.executable)
 
 
-def sandbox_env(home: str) -> dict[str, str]:
+# Native libraries (numpy's OpenBLAS, OpenMP) start one thread per host core unless told: each
+# counts against the REPL's processes and its address space, so a large host would fail imports.
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def sandbox_threads(cfg: LocalSandboxConfig) -> int:
+    """Threads a cell's native libraries may start: the CPUs the sandbox gets, at least one."""
+    return max(1, math.ceil(cfg.cpus))
+
+
+def sandbox_env(home: str, threads: int = 1) -> dict[str, str]:
     """The whole environment of a REPL; nothing of the worker's (API keys included) leaks in."""
     return {
         "PATH": "/usr/bin:/bin",
         "HOME": home,
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
+        **dict.fromkeys(THREAD_VARIABLES, str(threads)),
     }
 
 
-def driver_args(cfg: LocalSandboxConfig, driver: str) -> list[str]:
-    """Interpreter flags, driver path and resource limits (-I ignores PYTHON* env, hence -B)."""
+def driver_args(cfg: LocalSandboxConfig, driver: str, site: str | None = None) -> list[str]:
+    """Interpreter flags, driver path and resource limits (-I ignores PYTHON* env, hence -B);
+    `site` is the packages' folder as the REPL sees it (it runs with -S: nothing else is added)."""
+    packages = ["--site", site] if site else []
+    if site and cfg.preload:
+        packages += ["--preload", ",".join(cfg.preload)]
     return [
         "-I",
         "-S",
@@ -115,6 +137,7 @@ def driver_args(cfg: LocalSandboxConfig, driver: str) -> list[str]:
         str(cfg.max_file_mb),
         "--output-fd",
         OUTPUT_FD_PLACEHOLDER,
+        *packages,
     ]
 
 
@@ -190,9 +213,11 @@ def bwrap_command(
     """The bwrap argv for one REPL; only /usr, the interpreter and the workspace are visible.
     The driver is a copy the jail reads from an fd (LaunchSpec.driver): its mount shows no host
     path, and the workspace is bound as it is (a volume's mount shows none either)."""
-    argv = jail_args(python, uid=uid, bwrap=bwrap, tmp_mb=cfg.tmp_mb)
+    argv = jail_args(python, uid=uid, bwrap=bwrap, tmp_mb=cfg.tmp_mb, threads=sandbox_threads(cfg))
     if seccomp:
         argv += ["--seccomp", SECCOMP_FD_PLACEHOLDER]
+    if cfg.python_site is not None:
+        argv += ["--ro-bind", cfg.python_site, SITE_MOUNT]
     argv += [
         "--bind",
         os.path.abspath(workspace),
@@ -205,7 +230,7 @@ def bwrap_command(
         *READ_ONLY_ROOT,
         "--",
         python_mount(python)[0],
-        *driver_args(cfg, driver_mount(driver)),
+        *driver_args(cfg, driver_mount(driver), SITE_MOUNT if cfg.python_site else None),
     ]
     return argv
 
@@ -215,7 +240,26 @@ def bwrap_command(
 READ_ONLY_ROOT = ("--remount-ro", "/dev", "--remount-ro", "/")
 
 
-def jail_args(python: str, *, uid: int, bwrap: str, tmp_mb: int) -> list[str]:
+# Where a distribution's Python keeps packages the host installed (Debian's python3-* among them):
+# a cell's path never has them, and a `python3` a cell starts without -S would.
+SITE_DIR_PATTERNS = ("lib/python3*/site-packages", "lib/python3*/dist-packages")
+
+
+@functools.cache  # read once per worker: every lease's jail would otherwise walk /usr/lib again
+def host_site_masks(roots: tuple[str, ...]) -> tuple[str, ...]:
+    """An empty read-only tmpfs over each host site-packages folder under `roots` (/usr, and an
+    interpreter's own prefix), as they were when the worker started: what the host installed
+    stays out of every jail."""
+    args: list[str] = []
+    for root in roots:
+        for pattern in SITE_DIR_PATTERNS:
+            for folder in sorted(Path(root).glob(pattern)):
+                if folder.is_dir() and not folder.is_symlink():
+                    args += ["--size", MASK_BYTES, "--tmpfs", str(folder), "--remount-ro", str(folder)]
+    return tuple(args)
+
+
+def jail_args(python: str, *, uid: int, bwrap: str, tmp_mb: int, threads: int = 1) -> list[str]:
     """What every jail shares, up to its mounts of its own: all namespaces, no environment but
     ours, the system and the interpreter read-only, private /proc, /dev, /tmp and /dev/shm."""
     executable, prefix = python_mount(python)
@@ -237,7 +281,7 @@ def jail_args(python: str, *, uid: int, bwrap: str, tmp_mb: int) -> list[str]:
         "--new-session",
         "--clearenv",
     ]
-    for key, value in sandbox_env(WORKSPACE_MOUNT).items():
+    for key, value in sandbox_env(WORKSPACE_MOUNT, threads).items():
         argv += ["--setenv", key, value]
     # No /etc at all: python -I -S needs nothing from it.
     argv += ["--ro-bind", "/usr", "/usr", *usr_local(executable), *system_links()]
@@ -246,6 +290,7 @@ def jail_args(python: str, *, uid: int, bwrap: str, tmp_mb: int) -> list[str]:
     argv += ["--size", tmp_bytes, "--tmpfs", "/dev/shm"]
     if prefix is not None:
         argv += ["--ro-bind", prefix, prefix]
+    argv += host_site_masks(("/usr",) if prefix is None else ("/usr", prefix))
     return argv
 
 
@@ -267,4 +312,4 @@ def driver_mount(driver: Path) -> str:
 
 def unisolated_command(cfg: LocalSandboxConfig, python: str, driver: Path) -> list[str]:
     """The argv that runs the driver as a plain subprocess, with no jail around it."""
-    return [python, *driver_args(cfg, str(driver))]
+    return [python, *driver_args(cfg, str(driver), cfg.python_site)]

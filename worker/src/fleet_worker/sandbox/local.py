@@ -31,6 +31,7 @@ from fleet_worker.sandbox.jail import (
     jailed_python,
     resolve_python,
     sandbox_env,
+    sandbox_threads,
     unisolated_command,
 )
 from fleet_worker.sandbox.lease import LocalSandboxLease
@@ -250,6 +251,13 @@ class LocalSandboxProvider:
         clash = uid_range_clash(self._cfg.uid_base, self._cfg.uid_count) if self._root else None
         if clash is not None:
             raise SandboxUnavailable(clash, fix="move sandbox.local.uid_base to a range no account uses")
+        site = self._cfg.python_site
+        blocked = unreachable_ancestor(Path(site), self._cfg.uid_base) if site and self._root else None
+        if blocked is not None:
+            raise SandboxUnavailable(
+                f"the sandbox's uids cannot reach its packages in {site} (blocked at {blocked})",
+                fix="set FLEET_SANDBOX_PYTHON_DIR to a folder every user can pass through (chmod o+x)",
+            )
         seccomp, cgroups = self._seccomp(), self._find_cgroups(self._limits())
         if not cgroups.bases:
             log.warning("sandbox.no_cgroups", reason=cgroups.reason, detail="limits are per process only")
@@ -339,10 +347,10 @@ class LocalSandboxProvider:
                 bwrap=isolation.bwrap,
                 seccomp=isolation.seccomp is not None,
             )
-            env, cwd = sandbox_env(WORKSPACE_MOUNT), "/"
+            env, cwd = sandbox_env(WORKSPACE_MOUNT, sandbox_threads(self._cfg)), "/"
         else:
             argv = unisolated_command(self._cfg, isolation.python, driver)
-            env, cwd = sandbox_env(str(workspace)), str(workspace)
+            env, cwd = sandbox_env(str(workspace), sandbox_threads(self._cfg)), str(workspace)
         launch = LaunchSpec(
             argv=tuple(argv),
             env=env,

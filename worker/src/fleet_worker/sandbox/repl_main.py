@@ -346,8 +346,10 @@ def jsonable(value: object) -> object:
     return str(value)
 
 
-def child_main(sock: int) -> NoReturn:
-    """The interpreter: stdout/stderr are the output pipe (fds 1 and 2), frames go to the supervisor."""
+def child_main(sock: int, modules: str = "") -> NoReturn:
+    """The interpreter: stdout/stderr are the output pipe (fds 1 and 2), frames go to the supervisor.
+    `modules` are imported once it said it is ready, so the REPL's start does not wait for them;
+    the first request waits in the socket until they are in."""
     with suppress(OSError):
         prctl(PR_SET_PDEATHSIG, _signal.SIGKILL)  # never outlive the supervisor
         # Dumpable again (fork kept the supervisor's setting): the cell may read its own
@@ -358,6 +360,7 @@ def child_main(sock: int) -> NoReturn:
     channel = Channel(sock, sock)
     repl = Repl(channel)
     channel.send({"op": "ready"})
+    preload(modules)
     while True:
         with channel.lock:
             message = channel.receive()
@@ -473,9 +476,10 @@ def reap_children() -> None:
 
 
 class Supervisor:
-    def __init__(self, host: Channel, output_fd: int) -> None:
+    def __init__(self, host: Channel, output_fd: int, preload: str = "") -> None:
         self.host = host
         self.output_fd = output_fd
+        self.preload = preload
         self.child_pid = 0
         self.child: Channel | None = None
         self.census = Census(-1)
@@ -492,7 +496,7 @@ class Supervisor:
                 os.dup2(self.output_fd, 1)
                 os.dup2(self.output_fd, 2)
                 os.close(self.output_fd)
-                child_main(child_end.detach())
+                child_main(child_end.detach(), self.preload)
             finally:
                 os._exit(3)
         child_end.close()
@@ -892,6 +896,23 @@ def parse_args(argv: list[str]) -> dict[str, int]:
     return options
 
 
+def text_option(argv: list[str], flag: str) -> str:
+    """The value of a text option (`--site`, `--preload`), or ""."""
+    for name, value in zip(argv[::2], argv[1::2], strict=False):
+        if name == flag:
+            return value
+    return ""
+
+
+def preload(modules: str) -> None:
+    """Import what the profile names (sandbox.python.preload), before the first cell reads its
+    request: a module that fails is left for the cell that imports it to report."""
+    for name in modules.split(","):
+        if name:
+            with suppress(Exception):
+                __import__(name)
+
+
 def main() -> int:
     options = parse_args(sys.argv[1:])
     output_fd = options["--output-fd"]
@@ -909,8 +930,11 @@ def main() -> int:
     except Exception as exc:  # OSError, or a _ctypes that changed: never run unsecured
         fatal(f"cannot secure the supervisor: {type(exc).__name__}: {exc}")
     apply_limits(options["--memory-mb"], options["--max-processes"], options["--max-file-mb"])
+    site = text_option(sys.argv[1:], "--site")
+    if site:  # the sandbox's packages (read-only): -S added no site-packages of the host's
+        sys.path.append(site)
     host = Channel(frame_in, frame_out)
-    supervisor = Supervisor(host, output_fd)
+    supervisor = Supervisor(host, output_fd, text_option(sys.argv[1:], "--preload"))
     supervisor.start_child()
     host.send({"op": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
     supervisor.serve()

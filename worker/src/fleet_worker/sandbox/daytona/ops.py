@@ -18,16 +18,21 @@ from fleet_worker.sandbox.daytona.provider import (
     LABEL_RUN,
     DaytonaSandboxProvider,
 )
+from fleet_worker.sandbox.jail import SITE_MOUNT
 
 log = structlog.get_logger(__name__)
-REPL_PYTHON: Literal["3.11"] = "3.11"  # the REPL is stdlib only: the snapshot pins the interpreter it runs on
+REPL_PYTHON: Literal["3.11"] = "3.11"  # the snapshot pins the interpreter the REPL runs on
 DOCTOR_CELL = "import sys\nprint(6 * 7, sys.version_info[:2])"
 
 
 def build_snapshot(provider: DaytonaSandboxProvider, on_logs: Callable[[str], None]) -> str:
-    """Create the snapshot named by `sandbox.daytona.snapshot` (Python only: the REPL needs no
-    package); its name."""
+    """Create the snapshot named by `sandbox.daytona.snapshot`: the REPL's Python, and the
+    profile's sandbox.python.packages (wheels only) in their own folder, SITE_MOUNT, which the
+    REPL adds to its path as a local jail does; its name."""
     image = Image.debian_slim(REPL_PYTHON)
+    packages = provider.python.packages
+    if packages:
+        image = image.pip_install(list(packages), extra_options=f"--only-binary=:all: --target {SITE_MOUNT}")
     params = CreateSnapshotParams(name=provider.cfg.snapshot, image=image)
     snapshot = provider.client().snapshot.create(params, on_logs=on_logs)
     return str(snapshot.name)

@@ -36,14 +36,14 @@ from daytona import (
     ListSandboxesQuery,
 )
 
-from fleet_shared.config import DaytonaSection, Settings
+from fleet_shared.config import DaytonaSection, SandboxPythonSection, Settings
 from fleet_shared.manifests import WORKSPACE_DIRS, Manifest
 from fleet_worker.sandbox.boundary import Caps
 from fleet_worker.sandbox.daytona.errors import run_failure
 from fleet_worker.sandbox.daytona.files import DaytonaWorkspaceFiles
 from fleet_worker.sandbox.daytona.sync import DaytonaVersions, Record
 from fleet_worker.sandbox.errors import SandboxError, SandboxUnavailable
-from fleet_worker.sandbox.jail import DRIVER_SOURCE, OUTPUT_FD_PLACEHOLDER, LaunchSpec
+from fleet_worker.sandbox.jail import DRIVER_SOURCE, OUTPUT_FD_PLACEHOLDER, SITE_MOUNT, LaunchSpec
 from fleet_worker.sandbox.provider import Captured, Room, ScratchLease, no_quota
 from fleet_worker.sandbox.session import ReplSession
 from fleet_worker.workspace_objects import WorkspaceObjects
@@ -121,6 +121,7 @@ def daytona_provider(
         access_from(section, os.environ if environ is None else environ),
         Caps.from_rlm(settings.profile.rlm),
         versions=DaytonaVersions(objects, section.workspace_files) if objects is not None else None,
+        python=settings.profile.sandbox.python,
     )
 
 
@@ -175,7 +176,8 @@ class DaytonaLease:
             **self.provider.access.relay_env(),
             "FLEET_RELAY_SANDBOX": str(self.sandbox.id),
             "FLEET_RELAY_SESSION": name,
-            "FLEET_RELAY_COMMAND": f"cd {WORKSPACE_MOUNT} && python3 -I -S -u {DRIVER_DIR}/repl_bridge.py",
+            "FLEET_RELAY_COMMAND": f"cd {WORKSPACE_MOUNT} && python3 -I -S -u {DRIVER_DIR}/repl_bridge.py"
+            + self.provider.site_args(),
         }
         argv = (
             sys.executable,
@@ -260,17 +262,27 @@ class DaytonaSandboxProvider:
         caps: Caps,
         *,
         versions: DaytonaVersions | None = None,
+        python: SandboxPythonSection | None = None,
     ) -> None:
         self.cfg = cfg
         self.access = access
         self.caps = caps
         self.versions = versions
+        self.python = python or SandboxPythonSection()
         self._client: Daytona | None = None
         self._lock = threading.Lock()
 
     @property
     def mode(self) -> str:
         return f"daytona (snapshot {self.cfg.snapshot})"
+
+    def site_args(self) -> str:
+        """The REPL's arguments for the snapshot's packages (`fleet daytona snapshot` installs
+        sandbox.python.packages at SITE_MOUNT): none when the profile names no package."""
+        if not self.python.packages:
+            return ""
+        preload = f" --preload {','.join(self.python.preload)}" if self.python.preload else ""
+        return f" --site {SITE_MOUNT}{preload}"
 
     def check(self) -> None:
         """The configuration was checked when this provider was built; `fleet doctor daytona`
