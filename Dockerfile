@@ -152,14 +152,12 @@ COPY --from=build-worker /app/.venv /app/.venv
 
 # The cells' packages (sandbox.python.packages in the image's fleet.toml), built now for the
 # REPL's /usr/bin/python3 by the venv's uv, wheels only: a worker finds them at start and
-# builds nothing. They stay root's and read-only; the folder itself is the worker's, so a
-# profile naming other packages gets them built there at the worker's start (a writable root
-# filesystem and a package index in reach), or in an image built FROM this one.
+# builds nothing. The folder is root's and read-only (a root worker trusts nothing else there):
+# a profile naming other packages needs an image built FROM this one that runs
+# `fleet sandbox build` with that config.
 ENV FLEET_SANDBOX_PYTHON_DIR=/opt/fleet/sandbox-python
 RUN --mount=type=cache,target=/root/.cache/uv \
-    mkdir -p /opt/fleet/sandbox-python \
-    && UV_LINK_MODE=copy fleet sandbox build \
-    && chown 10001:10001 /opt/fleet/sandbox-python
+    UV_LINK_MODE=copy fleet sandbox build
 USER 10001:10001
 EXPOSE 9100
 # /health is 200 while the worker's event loop beats, 503 when it is stuck. The metrics server

@@ -12,6 +12,7 @@ import hashlib
 import http.server
 import json
 import multiprocessing
+import os
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -23,7 +24,13 @@ import structlog
 from fleet_shared.config import SandboxPythonSection
 from fleet_shared.config_file import DEFAULT_SANDBOX_PACKAGES
 from fleet_worker.sandbox.boundary import Caps
-from fleet_worker.sandbox.jail import SITE_DIR_PATTERNS, SITE_MOUNT, LocalSandboxConfig, resolve_python
+from fleet_worker.sandbox.jail import (
+    SITE_DIR_PATTERNS,
+    SITE_MOUNT,
+    LocalSandboxConfig,
+    host_site_masks,
+    resolve_python,
+)
 from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.python_env import (
     MANIFEST,
@@ -303,3 +310,83 @@ async def test_no_package_can_be_installed_or_fetched_from_a_cell(
     )
     outcome = await attack(harness_factory, code)
     assert outcome.answer == "(True, True, True, 'URLError')"
+
+
+# --- what a build trusts, and how it fails -----------------------------------------------------
+
+
+def test_a_folder_anyone_may_write_is_never_used(tmp_path: Path, local_wheels: Path) -> None:
+    """Another user could have planted a set there, under the key every worker computes alike."""
+    shared = tmp_path / "open"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(EnvironmentUnavailable, match="anyone may write"):
+        ensure_environment(SMALL, PYTHON, shared)
+    assert list(shared.iterdir()) == []
+    with structlog.testing.capture_logs() as logs:
+        cfg = with_packages(LocalSandboxConfig(), SandboxPythonSection(packages=SMALL), shared)
+    assert cfg.python_site is None
+    assert any(entry["event"] == "sandbox.python_unavailable" for entry in logs)
+
+
+def test_a_stale_build_that_is_a_link_is_not_followed(tmp_path: Path, local_wheels: Path) -> None:
+    key = environment_key(SMALL, PYTHON, interpreter_version(PYTHON))
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    root = tmp_path / "sets"
+    root.mkdir()
+    (root / f"{STAGING_PREFIX}{key}-link").symlink_to(victim)
+    assert ensure_environment(SMALL, PYTHON, root) is not None
+    assert oct(victim.stat().st_mode & 0o777) == oct(0o600) and victim.read_text() == "secret"
+
+
+def test_a_half_deleted_set_is_reported_and_the_worker_goes_on(tmp_path: Path, local_wheels: Path) -> None:
+    key = environment_key(SMALL, PYTHON, interpreter_version(PYTHON))
+    (tmp_path / key / "site").mkdir(parents=True)  # its manifest gone, its folder not
+    with structlog.testing.capture_logs() as logs:
+        cfg = with_packages(LocalSandboxConfig(), SandboxPythonSection(packages=SMALL), tmp_path)
+    assert cfg.python_site is None
+    warning = next(entry for entry in logs if entry["event"] == "sandbox.python_unavailable")
+    assert "remove it" in warning["reason"] and key in warning["reason"]
+
+
+def test_folders_a_build_makes_are_passable_whatever_the_umask(tmp_path: Path, local_wheels: Path) -> None:
+    root = tmp_path / "a" / "b" / "sets"
+    previous = os.umask(0o077)
+    try:
+        assert ensure_environment(SMALL, PYTHON, root) is not None
+    finally:
+        os.umask(previous)
+    assert [oct(p.stat().st_mode & 0o777) for p in (tmp_path / "a", tmp_path / "a" / "b", root)] == [
+        oct(0o755)
+    ] * 3
+
+
+def test_a_build_past_its_time_says_so(tmp_path: Path, local_wheels: Path) -> None:
+    with pytest.raises(EnvironmentUnavailable, match="within 0 s"):
+        ensure_environment(SMALL, PYTHON, tmp_path, timeout=0.001)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == []
+
+
+def test_a_preload_that_exits_or_prints_leaves_the_repl_as_it_was(
+    traversable_dir: Path, shipped: PythonEnvironment
+) -> None:
+    """`unittest.__main__` parses the REPL's own argv, prints its usage and exits (SystemExit)."""
+    cfg = LocalSandboxConfig(
+        pool_size=0, python_site=str(shipped.site), preload=("unittest.__main__", "pandas")
+    )
+    provider = LocalSandboxProvider(cfg, caps=Caps(), workspaces=traversable_dir)
+    try:
+        printed, error = run_cell(provider, "import sys\nprint('pandas' in sys.modules)")
+    finally:
+        provider.close()
+    assert (printed, error) == ("True", None)
+
+
+def test_host_site_folders_under_lib64_are_masked_too(tmp_path: Path) -> None:
+    for lib in ("lib", "lib64"):
+        (tmp_path / lib / "python3.12" / "site-packages").mkdir(parents=True)
+    masks = host_site_masks((str(tmp_path),))
+    masked = [masks[i + 1] for i, arg in enumerate(masks) if arg == "--tmpfs"]
+    assert masked == [str(tmp_path / lib / "python3.12" / "site-packages") for lib in ("lib", "lib64")]

@@ -242,7 +242,9 @@ READ_ONLY_ROOT = ("--remount-ro", "/dev", "--remount-ro", "/")
 
 # Where a distribution's Python keeps packages the host installed (Debian's python3-* among them):
 # a cell's path never has them, and a `python3` a cell starts without -S would.
-SITE_DIR_PATTERNS = ("lib/python3*/site-packages", "lib/python3*/dist-packages")
+SITE_DIR_PATTERNS = tuple(
+    f"{lib}/python3*/{kind}-packages" for lib in ("lib", "lib64") for kind in ("site", "dist")
+)
 
 
 @functools.cache  # read once per worker: every lease's jail would otherwise walk /usr/lib again

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -36,13 +37,17 @@ import structlog
 
 from fleet_shared.config import SandboxPythonSection
 from fleet_worker.sandbox.jail import LocalSandboxConfig, resolve_python
+from fleet_worker.sandbox.trust import untrusted_path
 
 log = structlog.get_logger(__name__)
 
 DIR_ENV = "FLEET_SANDBOX_PYTHON_DIR"  # where this host keeps the environments
 MANIFEST = "environment.json"
 LAYOUT = 1  # this module's folder layout: part of the hash
-BUILD_TIMEOUT_SECONDS = 1800.0
+BUILD_TIMEOUT_SECONDS = 1800.0  # `fleet sandbox build`
+# A worker's start: within a pod's startup probe (the chart's allows 120 s), so a worker that
+# cannot build in time starts on the standard library instead of being restarted in a loop.
+START_BUILD_TIMEOUT_SECONDS = 90.0
 STAGING_PREFIX = ".build-"
 # What uv keeps of the worker's environment: where it may fetch from and how (a proxy, a mirror's
 # certificate). Nothing of fleet's own settings, whose secrets uv has no use for.
@@ -128,51 +133,83 @@ def ensure_environment(
     root: Path | None = None,
     *,
     on_output: Callable[[str], None] | None = None,
+    timeout: float = BUILD_TIMEOUT_SECONDS,
 ) -> PythonEnvironment | None:
     """The environment for `packages` on `python`, built now if this host has none (None for
-    an empty list). `on_output` gets uv's progress lines; EnvironmentUnavailable says why a
-    build failed."""
+    an empty list). `on_output` gets uv's progress lines; EnvironmentUnavailable says why there
+    is none (a folder that cannot be trusted, a build that failed or took past `timeout`)."""
     if not packages:
         return None
     root = root or environments_dir()
     key = environment_key(packages, python, interpreter_version(python))
-    found = find_environment(root, key)
-    if found is not None:
-        return found
     try:
-        root.mkdir(parents=True, exist_ok=True, mode=0o755)
-    except OSError as exc:
-        raise EnvironmentUnavailable(f"cannot create {root}: {exc}") from exc
-    with build_lock(root, key):
-        found = find_environment(root, key)  # another worker on this host built it meanwhile
+        make_folders(root)
+        trusted(root / key if (root / key).exists() else root)
+        found = find_environment(root, key)
         if found is not None:
             return found
-        remove_stale_builds(root, key)
-        return build(packages, python, root, key, on_output)
+        with build_lock(root, key):
+            found = find_environment(root, key)  # another worker on this host built it meanwhile
+            if found is not None:
+                return found
+            remove_stale_builds(root, key)
+            return build(packages, python, root, key, on_output=on_output, timeout=timeout)
+    except OSError as exc:  # a full disk, a folder left half-deleted: said, never a crash
+        raise EnvironmentUnavailable(
+            f"the packages' folder {root / key} cannot be used: {exc} (remove it to have it built anew)"
+        ) from exc
+
+
+def trusted(path: Path) -> None:
+    """Every jail imports what is here: only root or the worker's user may have put it there."""
+    distrust = untrusted_path(path, f"the sandbox packages' folder {path}")
+    if distrust is not None:
+        raise EnvironmentUnavailable(f"{distrust}; set {DIR_ENV} to a folder only they can write")
+
+
+def make_folders(root: Path) -> None:
+    """`root` and any folder above it that is missing, each 0755 whatever the umask (a root
+    worker's sandbox uids pass through them to the packages)."""
+    missing = [folder for folder in (root, *root.parents) if not folder.exists()]
+    for folder in reversed(missing):
+        folder.mkdir(exist_ok=True)
+        folder.chmod(0o755)
 
 
 @contextmanager
 def build_lock(root: Path, key: str) -> Iterator[None]:
+    """One build of `key` at a time on this host; a second worker waits, saying so, for the
+    first (which then built it, or failed and left it to this one)."""
+    handle = os.open(root / f".{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        handle = os.open(root / f".{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:
-        raise EnvironmentUnavailable(f"cannot lock {root}: {exc}") from exc
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("sandbox.python_waiting", key=key, detail="another process on this host is building it")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
     finally:
         os.close(handle)
 
 
 def remove_stale_builds(root: Path, key: str) -> None:
-    """Temporary folders of builds of `key` that were killed (the lock is ours: none runs)."""
+    """Temporary folders of builds of `key` that were killed (the lock is ours: none runs); only
+    real folders of this process's user, never what a link points at."""
     for folder in root.glob(f"{STAGING_PREFIX}{key}-*"):
-        make_writable(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+        info = folder.lstat()
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+            make_writable(folder)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def build(
-    packages: Sequence[str], python: str, root: Path, key: str, on_output: Callable[[str], None] | None
+    packages: Sequence[str],
+    python: str,
+    root: Path,
+    key: str,
+    *,
+    on_output: Callable[[str], None] | None,
+    timeout: float,
 ) -> PythonEnvironment:
     staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{key}-", dir=root))
     started = time.monotonic()
@@ -183,6 +220,7 @@ def build(
              "--only-binary", ":all:", "--compile-bytecode", "--no-progress", "--", *packages],
             cwd=staging,
             on_output=on_output,
+            timeout=timeout,
         )  # fmt: skip
         installed = installed_distributions(staging / "site")
         manifest: dict[str, Any] = {
@@ -205,15 +243,16 @@ def build(
     return found
 
 
-def run_uv(args: list[str], *, cwd: Path, on_output: Callable[[str], None] | None) -> None:
-    """Run uv (the wheel's own binary) with the worker's environment less fleet's settings."""
+def run_uv(args: list[str], *, cwd: Path, on_output: Callable[[str], None] | None, timeout: float) -> None:
+    """Run uv (the wheel's own binary) with the worker's environment less fleet's settings, and
+    none of the config files it would find above `cwd` (they could name another index)."""
     from uv import find_uv_bin  # the uv wheel's public way to its binary
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(UV_ENV_DROPPED_PREFIXES)}
     env["UV_PYTHON_DOWNLOADS"] = "never"
     try:
         process = subprocess.Popen(
-            [find_uv_bin(), *args],
+            [find_uv_bin(), "--no-config", *args],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -223,10 +262,16 @@ def run_uv(args: list[str], *, cwd: Path, on_output: Callable[[str], None] | Non
         )
     except OSError as exc:
         raise EnvironmentUnavailable(f"uv did not start: {exc}") from exc
+    timed_out = threading.Event()
+
+    def stop() -> None:  # a stalled download included
+        timed_out.set()
+        process.kill()
+
+    timer = threading.Timer(timeout, stop)
+    timer.start()
     tail: list[str] = []
     assert process.stdout is not None
-    timer = threading.Timer(BUILD_TIMEOUT_SECONDS, process.kill)  # a stalled download included
-    timer.start()
     try:
         for raw in process.stdout:
             line = raw.rstrip()
@@ -236,6 +281,8 @@ def run_uv(args: list[str], *, cwd: Path, on_output: Callable[[str], None] | Non
         code = process.wait()
     finally:
         timer.cancel()
+    if timed_out.is_set():
+        raise EnvironmentUnavailable(f"uv did not finish installing the packages within {timeout:.0f} s")
     if code != 0:
         detail = "; ".join(line for line in tail if line.strip())[-1500:]
         raise EnvironmentUnavailable(f"uv could not install the packages (exit {code}): {detail}")
@@ -288,6 +335,7 @@ def with_packages(
             resolve_python(cfg),
             root,
             on_output=lambda line: log.info("sandbox.python_build", output=line),
+            timeout=START_BUILD_TIMEOUT_SECONDS,
         )
     except EnvironmentUnavailable as exc:
         log.warning(

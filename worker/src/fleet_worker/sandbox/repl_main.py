@@ -906,11 +906,22 @@ def text_option(argv: list[str], flag: str) -> str:
 
 def preload(modules: str) -> None:
     """Import what the profile names (sandbox.python.preload), before the first cell reads its
-    request: a module that fails is left for the cell that imports it to report."""
+    request: a module that fails (or exits) is left for the cell that imports it to report, and
+    nothing an import prints reaches the first cell's output (Stdio.restore puts fds 1 and 2
+    back before it)."""
+    if not modules:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
     for name in modules.split(","):
         if name:
-            with suppress(Exception):
+            with suppress(BaseException):
                 __import__(name)
+    for stream in (sys.stdout, sys.stderr):  # what they buffered goes to /dev/null too
+        with suppress(BaseException):
+            stream.flush()
 
 
 def main() -> int:

@@ -1,5 +1,6 @@
 """Whether the worker may run an interpreter at all: the one file it executes outside every jail's
-rules (its driver compile) and binds into every jail (its install prefix).
+rules (its driver compile) and binds into every jail (its install prefix); and whether it may
+bind the cells' packages (sandbox.python) into every jail.
 
 Sandboxed code writes files on the host (its workspace, as its own uid or, on a non-root worker,
 as the worker's). An interpreter the worker trusts must be out of reach of that: not under any
@@ -23,20 +24,26 @@ def untrusted_interpreter(python: str, sandbox_roots: Iterable[Path]) -> str | N
         resolved = Path(os.path.realpath(root))
         if real == resolved or resolved in real.parents:
             return f"the sandbox interpreter {real} is inside {resolved}, where sandboxed code writes"
+    return untrusted_path(real, f"the sandbox interpreter {real}")
+
+
+def untrusted_path(path: Path, what: str) -> str | None:
+    """Why `what` at `path` (resolved) must not be trusted, or None: it and every folder above it
+    must be owned by root or the worker's user, and writable by no one else (a sticky folder
+    aside, whose entries only their owners may replace)."""
+    real = Path(os.path.realpath(path))
     trusted_owners = {0, os.geteuid()}
-    for path in (real, *real.parents):
+    for step in (real, *real.parents):
         try:
-            info = os.stat(path)
+            info = os.stat(step)
         except OSError as exc:
-            return f"the sandbox interpreter {real} cannot be checked: {exc.strerror}"
+            return f"{what} cannot be checked: {exc.strerror}"
         if info.st_uid not in trusted_owners:
-            return (
-                f"the sandbox interpreter {real} cannot be trusted: {path} is owned by uid "
-                f"{info.st_uid}, not root or the worker's user"
-            )
+            owner = f"is owned by uid {info.st_uid}, not root or the worker's user"
+            return f"{what} cannot be trusted: {step} {owner}"
         sticky = stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX
         if info.st_mode & stat.S_IWOTH and not sticky:
-            return f"the sandbox interpreter {real} cannot be trusted: anyone may write {path}"
+            return f"{what} cannot be trusted: anyone may write {step}"
     return None
 
 
