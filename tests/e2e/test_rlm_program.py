@@ -175,7 +175,7 @@ def test_a_three_iteration_turn_through_fleet_up_profile_local(tmp_path: Path, n
     # 11 and 7 tokens per request, 4 requests, at LiteLLM's price for gpt-4o-mini (USD 0.15 and
     # 0.60 per million).
     cost = round(44 * 0.15e-6 + 28 * 0.6e-6, 10)
-    expected = {"prompt_tokens": 44, "completion_tokens": 28, "cost_usd": cost}
+    expected = {"prompt_tokens": 44, "completion_tokens": 28, "calls": 4, "cost_usd": cost}
     assert usage["observed_lm_usage"][PRICED_MODEL] == expected
     assert usage["cost_usd"] == cost and session["cost_usd"] == cost
     assert [r["model"] for r in provider.requests] == ["gpt-4o-mini"] * 4

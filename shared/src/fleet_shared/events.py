@@ -100,6 +100,7 @@ class RunWarning(Event, tag="warning"):
 class LMUsage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    calls: int = 0  # LM calls that reported usage (an older worker's events say 0)
     cost_usd: float | None = None  # None: the model has no known price (fleet_worker.prices)
 
 

@@ -207,7 +207,12 @@ def usage_payload(event: Usage) -> dict[str, Any]:
         "duration_ms": event.duration_ms,
         "observed_lm_usage": {
             model: priced(
-                {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}, u.cost_usd
+                {
+                    "prompt_tokens": u.prompt_tokens,
+                    "completion_tokens": u.completion_tokens,
+                    "calls": u.calls,
+                },
+                u.cost_usd,
             )
             for model, u in event.observed_lm_usage.items()
         },

@@ -80,7 +80,7 @@ FULL_RUN: list[RunEvent] = [
         run_id=R,
         iterations=1,
         duration_ms=900,
-        observed_lm_usage={"scripted/demo": LMUsage(prompt_tokens=40, completion_tokens=9)},
+        observed_lm_usage={"scripted/demo": LMUsage(prompt_tokens=40, completion_tokens=9, calls=2)},
     ),
     Answer(run_id=R, part_id="text-answer", text="hello"),
     RunCompleted(run_id=R, duration_ms=900, checkpoint_version=3),
@@ -258,7 +258,9 @@ def test_completed_run_chunk_contents() -> None:
                 "usage": {
                     "iterations": 1,
                     "duration_ms": 900,
-                    "observed_lm_usage": {"scripted/demo": {"prompt_tokens": 40, "completion_tokens": 9}},
+                    "observed_lm_usage": {
+                        "scripted/demo": {"prompt_tokens": 40, "completion_tokens": 9, "calls": 2}
+                    },
                 }
             },
         }

@@ -81,7 +81,7 @@ FULL_RUN: list[RunEvent] = [
         run_id=R,
         iterations=3,
         duration_ms=1234,
-        observed_lm_usage={"scripted/demo": LMUsage(prompt_tokens=100, completion_tokens=20)},
+        observed_lm_usage={"scripted/demo": LMUsage(prompt_tokens=100, completion_tokens=20, calls=3)},
     ),
     RunCompleted(run_id=R, duration_ms=1234, checkpoint_version=2),
 ]
@@ -139,7 +139,9 @@ EXPECTED_PARTS: list[dict[str, Any]] = [
             "usage": {
                 "iterations": 3,
                 "duration_ms": 1234,
-                "observed_lm_usage": {"scripted/demo": {"prompt_tokens": 100, "completion_tokens": 20}},
+                "observed_lm_usage": {
+                    "scripted/demo": {"prompt_tokens": 100, "completion_tokens": 20, "calls": 3}
+                },
             }
         },
     },

@@ -90,7 +90,8 @@ class TurnObserver:
             return {}
         for _ in range(3):  # the program's thread may add an entry while we sum them
             try:
-                return normalize_usage(tracker.get_total_tokens())
+                calls = {lm: len(entries) for lm, entries in tracker.usage_data.items()}
+                return normalize_usage(tracker.get_total_tokens(), calls)
             except RuntimeError:
                 continue
         return {}
@@ -349,11 +350,13 @@ def lm_query_finished(run_id: str, call_id: str, result: Any, cap: int) -> LMQue
     return LMQueryFinished(run_id=run_id, call_id=call_id, text=str(result)[:cap])
 
 
-def normalize_usage(raw: dict[str, Any]) -> dict[str, dict[str, int]]:
+def normalize_usage(raw: dict[str, Any], calls: dict[str, int] | None = None) -> dict[str, dict[str, int]]:
+    """Tokens per model, and the calls that reported them (one usage entry each)."""
     return {
         model: {
             "prompt_tokens": int((entry or {}).get("prompt_tokens") or 0),
             "completion_tokens": int((entry or {}).get("completion_tokens") or 0),
+            "calls": (calls or {}).get(model, 0),
         }
         for model, entry in raw.items()
     }

@@ -104,6 +104,7 @@ def usage_event(run_id: str, outcome: Outcome, duration_ms: int, prices: PriceBo
         model: LMUsage(
             prompt_tokens=u["prompt_tokens"],
             completion_tokens=u["completion_tokens"],
+            calls=u.get("calls", 0),
             cost_usd=prices.cost(model, u["prompt_tokens"], u["completion_tokens"]),
         )
         for model, u in (outcome.lm_usage or {}).items()
