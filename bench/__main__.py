@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, help="soak: how many Turns")
     parser.add_argument("--base", type=Path, help="workspace: a checkout before versions (the Turn goal)")
     parser.add_argument("--base-python", help="workspace: that checkout's interpreter (default: its .venv's)")
+    parser.add_argument(
+        "--dataset", choices=("niah", "oolong"), help="live: one generated dataset (default: both)"
+    )
+    parser.add_argument("--rows", type=int, help="live: rows per dataset (default: 10, --quick 2)")
     args = parser.parse_args(argv)
     if args.lanes == ["report"]:
         markdown, written = write_report()
@@ -55,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             kwargs["streams"] = tuple(int(n) for n in args.streams.split(","))
         if lane == "soak" and args.turns:
             kwargs["turns"] = args.turns
+        if lane == "live":
+            kwargs.update(dataset=args.dataset, rows=args.rows)
         if lane == "workspace" and args.base:
             kwargs.update(base=args.base.resolve(), base_python=args.base_python)
         print(f"== lane {lane}{' (quick)' if args.quick else ''}", file=sys.stderr, flush=True)

@@ -4,6 +4,7 @@ never their figures: goals are reported by the lanes, not asserted here."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from bench import (
     turn,
     workspace,
 )
+from tests.support.fake_provider import serve_fake_provider
 
 
 @pytest.fixture(autouse=True)
@@ -240,6 +242,39 @@ def test_the_live_lane_skips_without_a_provider(monkeypatch: pytest.MonkeyPatch)
     body = live.run(quick=True)
     assert_receipt(body, "live")
     assert "FLEET_LM_MODEL" in body["skipped"]
+
+
+# The root LM's one action for every niah row: find the fact with Python, submit its number.
+NIAH_SOLVER = (
+    "[[ ## reasoning ## ]]\nSearch the document for the fact.\n\n[[ ## code ## ]]\nimport re\n"
+    "found = re.search(r'The secret code for \\S+ is (\\d+)', request)\nSUBMIT(answer=found.group(1))\n\n"
+    "[[ ## completed ## ]]"
+)
+
+
+def test_the_live_lane_scores_a_generated_dataset_on_an_openai_compatible_endpoint(
+    receipts_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lane's whole path offline: a loopback OpenAI-compatible server stands in for the
+    provider (its replies scripted), and the receipt has accuracy, $ per query and p50/p95."""
+    with serve_fake_provider() as fake:
+        fake.replies = [NIAH_SOLVER] * 4
+        monkeypatch.setenv("FLEET_LM_MODEL", "openai/fake-model")
+        monkeypatch.setenv("FLEET_LM_BASE_URL", fake.url)
+        monkeypatch.setenv("FLEET_LM_API_KEY", "sk-fake")
+        monkeypatch.setenv("FLEET_BENCH_PRICE_INPUT_PER_MTOK", "1")
+        monkeypatch.setenv("FLEET_BENCH_PRICE_OUTPUT_PER_MTOK", "2")
+        body = live.run(quick=True, dataset="niah", rows=2)
+    assert_receipt(body, "live")
+    niah = body["figures"]["niah"]
+    assert niah["accuracy"] == 1.0 and niah["failed"] == 0
+    assert niah["lm_calls"] == 2 and len(fake.requests) == 2  # one action per row
+    # 11 prompt and 7 completion tokens a call (the fake's usage), at 1 and 2 USD per million.
+    assert niah["usd_per_query"] == pytest.approx(11e-6 + 14e-6)
+    assert 0 < niah["seconds_p50"] <= niah["seconds_p95"]
+    kept = json.loads((receipts_in_tmp / niah["eval_receipt"]).read_text())
+    assert [row["score"] for row in kept["rows"]] == [1.0, 1.0]
+    assert kept["dataset"]["sha256"] == niah["dataset_sha256"]
 
 
 def test_the_report_renders_the_latest_receipts(receipts_in_tmp: Path) -> None:

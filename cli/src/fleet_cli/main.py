@@ -1,4 +1,4 @@
-"""`fleet`: the process commands (up, cli, gateway, worker, db, sandbox, daytona, doctor, gc)."""
+"""`fleet`: the process commands (up, cli, gateway, worker, db, eval, sandbox, daytona, doctor, gc)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from pathlib import Path
 
@@ -74,11 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of /metrics and /health, 0 for none (default: worker.metrics_port)",
     )
 
-    sandbox = command("sandbox", "the local sandbox's Python packages (sandbox.python.packages)")
-    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
-    sandbox_commands.add_parser(
-        "build", help="build the packages' read-only environment on this host (once per package set)"
-    )
+    answer_quality_commands(command)
 
     daytona = command("daytona", "Daytona sandboxes (sandbox.provider = daytona)")
     daytona_commands = daytona.add_subparsers(dest="daytona_command", required=True)
@@ -122,6 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands.add_parser("upgrade", help="migrate the database to head")
     db_commands.add_parser("check", help="exit 1 unless the database is at head")
     return parser
+
+
+def answer_quality_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """`fleet sandbox` (the cells' packages) and `fleet eval`."""
+    sandbox = command("sandbox", "the local sandbox's Python packages (sandbox.python.packages)")
+    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    sandbox_commands.add_parser(
+        "build", help="build the packages' read-only environment on this host (once per package set)"
+    )
+    from fleet_cli.evals.command import add_parser as add_eval_parser
+
+    add_eval_parser(command("eval", "run a dataset as Turns and score the answers; compare two receipts"))
 
 
 def listen_address(parser: argparse.ArgumentParser) -> None:
@@ -184,6 +192,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from fleet_cli.daytona import run_daytona
 
         return run_daytona(args.daytona_command if args.command == "daytona" else "doctor")
+    if args.command == "eval":
+        from fleet_cli.evals.command import run_eval
+
+        return run_eval(args)
     if args.command == "sandbox":
         from fleet_cli.sandbox import run_sandbox
 

@@ -1,0 +1,165 @@
+"""`fleet eval run|compare|generate`: the command's arguments and what each does."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from fleet_cli.evals.dataset import BUILT_IN_METRICS, DatasetError, Metric, load_dataset
+from fleet_cli.evals.generate import KINDS, write_dataset
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fleet_cli.evals.runner import Target
+
+TOKEN_ENV = "FLEET_API_TOKEN"
+
+
+def add_parser(command: argparse.ArgumentParser) -> None:
+    actions = command.add_subparsers(dest="eval_command", required=True)
+    run = actions.add_parser("run", help="run a JSONL dataset as Turns and write a receipt")
+    run.add_argument(
+        "dataset", type=Path, help="JSONL: {id, request, attachments?, expected?, metric?} per line"
+    )
+    run.add_argument(
+        "--api-url", help=f"a running gateway (its token from {TOKEN_ENV}); default: an embedded stack"
+    )
+    run.add_argument(
+        "--profile", help="the embedded stack's profile (or the name a deployment's receipt records)"
+    )
+    run.add_argument("--concurrency", type=int, default=4, help="Turns at once (default: %(default)s)")
+    run.add_argument(
+        "--metric",
+        default="exact",
+        help=f"for rows naming none: {', '.join(BUILT_IN_METRICS)} or module:function (default: %(default)s)",
+    )
+    run.add_argument("--tolerance", type=float, default=0.0, help="numeric: the difference allowed")
+    run.add_argument("--judge-profile", help="the profile whose root LM grades `judge` rows")
+    run.add_argument("--limit", type=int, help="only the first N rows")
+    run.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds one Turn may take (default: %(default)s)"
+    )
+    run.add_argument("--out", type=Path, help="the receipt (default: eval-<dataset>-<UTC time>.json)")
+    compare = actions.add_parser("compare", help="B against A, row by row, with a paired significance test")
+    compare.add_argument("a", type=Path)
+    compare.add_argument("b", type=Path)
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    generate = actions.add_parser("generate", help="write a seeded synthetic dataset (niah, oolong)")
+    generate.add_argument("kind", choices=KINDS)
+    generate.add_argument("--rows", type=int, default=10)
+    generate.add_argument("--seed", type=int, default=7)
+    generate.add_argument("--min-chars", type=int, default=100_000)
+    generate.add_argument("--max-chars", type=int, default=1_000_000)
+    generate.add_argument("--out", type=Path, required=True)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    if args.eval_command == "generate":
+        path = write_dataset(
+            args.out, args.kind, args.rows, args.seed, smallest=args.min_chars, largest=args.max_chars
+        )
+        print(f"wrote {args.rows} rows to {path}")
+        return 0
+    if args.eval_command == "compare":
+        return run_compare(args.a, args.b, as_json=args.json)
+    return run_dataset_command(args)
+
+
+def run_compare(a: Path, b: Path, *, as_json: bool) -> int:
+    from fleet_cli.evals.compare import ReceiptError, compare, load_receipt, render
+
+    try:
+        result = compare(load_receipt(a), load_receipt(b))
+    except ReceiptError as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if as_json else render(result, str(a), str(b)))
+    return 0
+
+
+def run_dataset_command(args: argparse.Namespace) -> int:
+    from fleet_cli.evals.runner import Progress, Target, run_dataset, write_receipt
+
+    if args.concurrency < 1:
+        print("fleet: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        dataset = load_dataset(args.dataset, args.limit)
+        default = msgspec.convert({"name": args.metric, "tolerance": args.tolerance}, Metric)
+    except msgspec.ValidationError as exc:
+        print(
+            f"fleet: --metric/--tolerance: {exc} ({', '.join(BUILT_IN_METRICS)} or module:function)",
+            file=sys.stderr,
+        )
+        return 2
+    except DatasetError as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return 2
+    judge = None
+    if args.judge_profile:
+        from fleet_cli.evals.metrics import litellm_judge
+
+        judge = litellm_judge(args.judge_profile)
+    out = args.out or Path(f"eval-{dataset.path.stem}-{datetime.now(UTC):%Y%m%dT%H%M%S}.json")
+    progress = Progress(len(dataset.rows))
+
+    def evaluate(target: Target) -> int:
+        receipt = run_dataset(
+            dataset, target, concurrency=args.concurrency, default_metric=default, judge=judge,
+            turn_timeout=args.timeout, on_row=progress.row_done,
+        )  # fmt: skip
+        write_receipt(receipt, out)
+        totals = receipt["totals"]
+        print(
+            f"{totals['rows']} rows, {totals['failed']} not completed, accuracy {totals['accuracy']}, "
+            f"p50 {totals['seconds_p50']} s, p95 {totals['seconds_p95']} s, "
+            f"$ per query {totals['usd_per_query']}"
+        )
+        print(f"receipt: {out}")
+        return 0
+
+    if args.api_url:
+        return evaluate(Target(args.api_url, os.environ.get(TOKEN_ENV), args.profile, args.api_url))
+    return on_embedded_stack(args.profile, evaluate)
+
+
+def on_embedded_stack(profile: str | None, evaluate: Callable[[Target], int]) -> int:
+    """Start the embedded stack in the background (logs in .fleet/logs/), evaluate, stop it."""
+    from fleet_cli.embedded import prepare_embedded, start_stack, stop_on_signals
+    from fleet_cli.evals.runner import Target
+    from fleet_cli.sides import refuse_without
+
+    refusal = refuse_without("eval run", "gateway", "worker", "embedded")
+    if refusal is not None:
+        return refusal
+    port = free_port()
+    prepared = prepare_embedded(profile, "127.0.0.1", port)
+    if isinstance(prepared, int):
+        return prepared
+    logs = prepared.data_dir / "logs"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    stop_on_signals(prepared.stack)
+    try:
+        print(f"fleet: starting the embedded stack (logs in {logs})...", file=sys.stderr, flush=True)
+        url = start_stack(prepared, host="127.0.0.1", port=port, workers=1, logs=logs)
+        if isinstance(url, int):
+            return url
+        return evaluate(Target(url, None, prepared.settings.profile_name, "embedded"))
+    finally:
+        prepared.stack.stopping = True
+        prepared.stack.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
