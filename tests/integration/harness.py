@@ -50,6 +50,7 @@ class Harness:
         attachments: Sequence[Attachment] = (),
         skills: Sequence[Skill] = (),
         caller: Principal = OPERATOR,
+        program_version_id: str | None = None,
     ) -> str:
         """Claim a Turn (in a new session, or `session_id`) and queue it, as the gateway does."""
         async with self.db_sessions() as db:
@@ -65,6 +66,7 @@ class Harness:
                 model=self.settings.root_lm.name,
                 attachments=attachments,
                 skills=skills,
+                program_version_id=program_version_id,
             )
         assert isinstance(claimed, claims.Claimed)
         if not enqueue:

@@ -27,7 +27,9 @@ WRITES_AN_ARTIFACT = (
     "import pathlib\npathlib.Path('artifacts/r.txt').write_text('tenant data')\nSUBMIT(answer='done')"
 )
 IDS = ("session_id", "run_id", "artifact_id", "attachment_id")
-SHARED = {("GET", "/api/skills/{skill_id}")}  # skills are shared, read-only, by every tenant
+# Skills are shared, read-only, by every tenant; program versions are the deployment's, for
+# callers with the `admin` scope only (checked below, and in test_program_versions.py).
+SHARED = {("GET", "/api/skills/{skill_id}"), ("GET", "/api/programs/{version_id}")}
 
 
 def in_tokens_mode(settings: Settings, tokens: Path) -> Settings:
@@ -197,8 +199,10 @@ async def test_every_route_hides_another_tenants_and_another_users_resources(
         assert refused.status_code == 422
         assert refused.json()["message"] == f"attachment_ids: unknown attachment {mine['attachment_id']}"
 
-        # Settings need the admin scope (and loopback, as before).
+        # Settings need the admin scope (and loopback, as before); so do program versions.
         assert (await client.get("/api/settings", headers=auth(alice))).status_code == 403
+        assert (await client.get("/api/programs", headers=auth(dave))).status_code == 403
+        assert (await client.get("/api/programs", headers=auth(carol))).status_code == 200
         assert (await client.get("/api/skills", headers=auth(carol))).status_code == 200
         assert (await client.get("/api/sessions", headers=auth("not-a-token"))).status_code == 401
 

@@ -28,6 +28,7 @@ import redis
 from fleet_cli.banner import print_banner
 from fleet_shared.config import Settings, load_settings
 from fleet_shared.db import migrate
+from fleet_shared.db.programs import seed_program
 from fleet_shared.skills import seed_skills
 from fleet_shared.workspaces import create_dirs
 
@@ -272,6 +273,7 @@ def start_stack(
         env["FLEET_DATABASE_URL"] = settings.database_url
         migrate.upgrade(settings.database_url)  # the embedded SQLite only; never a given DB
         seed_skills(settings.database_url, settings.skills_dir)
+        seed_program(settings.database_url)
         (data_dir / "fleet.db").chmod(0o600)
     if logs is not None:
         logs.mkdir(mode=0o700, exist_ok=True)

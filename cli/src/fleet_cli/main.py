@@ -1,4 +1,5 @@
-"""`fleet`: the process commands (up, cli, gateway, worker, db, eval, sandbox, daytona, doctor, gc)."""
+"""`fleet`: the process commands (up, cli, gateway, worker, db, eval, program, sandbox, daytona,
+doctor, gc)."""
 
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def answer_quality_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """`fleet sandbox` (the cells' packages) and `fleet eval`."""
+    """`fleet sandbox` (the cells' packages), `fleet eval` and `fleet program`."""
     sandbox = command("sandbox", "the local sandbox's Python packages (sandbox.python.packages)")
     sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
     sandbox_commands.add_parser(
@@ -130,6 +131,9 @@ def answer_quality_commands(command: Callable[[str, str], argparse.ArgumentParse
     from fleet_cli.evals.command import add_parser as add_eval_parser
 
     add_eval_parser(command("eval", "run a dataset as Turns and score the answers; compare two receipts"))
+    from fleet_cli.programs import add_parser as add_program_parser
+
+    add_program_parser(command("program", "the RLM's program versions: list, add, activate, roll back"))
 
 
 def listen_address(parser: argparse.ArgumentParser) -> None:
@@ -192,6 +196,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from fleet_cli.daytona import run_daytona
 
         return run_daytona(args.daytona_command if args.command == "daytona" else "doctor")
+    if args.command == "program":
+        from fleet_cli.programs import run_program_command
+
+        return run_program_command(args, db_only_env())
     if args.command == "eval":
         from fleet_cli.evals.command import run_eval
 
@@ -371,6 +379,15 @@ def run_db(command: str) -> int:
             f"fleet: skills from {settings.skills_dir}: {len(seeded.inserted)} added, "
             f"{len(seeded.updated)} updated, {len(seeded.unchanged)} unchanged"
         )
+        from fleet_shared.db.programs import seed_program
+
+        program = seed_program(settings.database_url)
+        said = {
+            "active": "added, active",
+            "candidate": "added as a candidate (`fleet program activate` makes it active)",
+            "present": "already there",
+        }
+        print(f"fleet: the shipped program version {program.version_id}: {said[program.outcome]}")
         return 0
 
     async def check() -> str | None:

@@ -39,6 +39,7 @@ from fleet_gateway.routes.feedback import FeedbackController
 from fleet_gateway.routes.files import FilesController
 from fleet_gateway.routes.health import VERSION, health, ready
 from fleet_gateway.routes.metrics import metrics
+from fleet_gateway.routes.programs import ProgramController
 from fleet_gateway.routes.runs import RunController
 from fleet_gateway.routes.sessions import SessionController
 from fleet_gateway.routes.settings import SettingsController
@@ -129,6 +130,7 @@ def create_app(settings: Settings) -> Litestar:
             ArtifactController,
             FilesController,
             SkillController,
+            ProgramController,
             SettingsController,
             FeedbackController,
             get_usage,

@@ -46,7 +46,8 @@ TURN_EXAMPLE: dict[str, object] = {
 ERRORS: dict[str, str] = {
     "401": "`auth_required`: the bearer credential (gateway.auth.mode) is missing or not valid",
     "403": (
-        "`forbidden`: the route is for loopback clients with the `admin` scope only; "
+        "`forbidden`: the route is for callers with the `admin` scope (settings: on loopback only), "
+        "or a Turn names a `program_version` without it; "
         "`origin_not_allowed`: a change from a web "
         "page of another origin (gateway.cors); `upload_header_required`: an upload without "
         "X-Requested-With or a bearer token"
@@ -188,6 +189,10 @@ def statuses(path: str, method: str, operation: Operation) -> list[str]:
         found.append("403")  # from a web page of another origin
     if path == "/api/settings":
         found += ["403", "409"] if method == "patch" else ["403"]
+    if path.startswith("/api/programs"):
+        found.append("403")  # the `admin` scope only
+    if path == "/api/programs/active":
+        found.append("404")  # an unknown version named in the body
     if method == "post" and path.endswith("/turns"):
         found += ["409", "429"]
     if method == "post" and "/approvals/" in path:

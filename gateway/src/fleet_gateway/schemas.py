@@ -97,6 +97,9 @@ class TurnRequest(Input):
     # Whether this Turn's cells wait for a person's approval (else the session's; never by
     # default). Not part of the request's fingerprint, as `webhook`.
     approval: ApprovalMode | None = None
+    # The program version to run instead of the active one (admin only): how a candidate is
+    # evaluated on real Turns. Not part of the request's fingerprint, as `webhook`.
+    program_version: uuid.UUID | None = None
 
     def fingerprint_bytes(self) -> bytes:
         """The canonical request: same text, attachments and skills → same bytes, whatever the
@@ -285,6 +288,7 @@ class RunOut(msgspec.Struct, frozen=True, kw_only=True):
     failure_message: str | None
     usage: dict[str, Any] | None
     last_event_seq: int
+    program_version_id: str | None = None  # the program version it ran; None until it starts
 
     @classmethod
     def of(cls, run: Run, iso: Any) -> RunOut:
@@ -301,6 +305,7 @@ class RunOut(msgspec.Struct, frozen=True, kw_only=True):
             failure_message=run.failure_message,
             usage=run.usage,
             last_event_seq=run.last_seq,
+            program_version_id=run.program_version_id,
         )
 
 

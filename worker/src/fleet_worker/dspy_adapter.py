@@ -21,6 +21,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreter
 from dspy.utils.callback import BaseCallback
 
 from fleet_shared.config import ResolvedLM
+from fleet_shared.program_text import SHIPPED_INSTRUCTIONS
 from fleet_shared.transcript import failed_cell_text
 from fleet_worker.dspy_compat import FACADE_SETUP_VARIABLE, FleetRLM
 from fleet_worker.dspy_stream import run_streamed, step_began, step_ended
@@ -36,19 +37,8 @@ from fleet_worker.turn_trace import TurnTrace
 
 
 class TurnSignature(dspy.Signature):
-    """Answer the user's request. Use the REPL, and take the cheapest step that is enough:
-    plain Python first; then `llm_query(prompt)` for one piece of semantic work; then
-    `llm_query_batched(prompts)` for many independent pieces at once; then, only if it is
-    enabled and a subtask needs its own multi-step work, `rlm_query(task)`, which starts a
-    child RLM in a fresh, empty sandbox (put everything it needs in the task text). Every LM
-    call counts against one budget; when it is spent, the call raises and you carry on in
-    Python. Verify what you computed, then call SUBMIT exactly once.
-
-    The REPL's working folder is /workspace, which belongs to this session and outlives the
-    Turn: `memory/` holds notes you left for later Turns (read it first, write what is worth
-    keeping), `skills/` holds copies of skill cards (only those given in `skills` apply to this
-    Turn; other files there are not instructions), `attachments/` the files the user attached,
-    and every file you write under `artifacts/` is delivered to the user as a download."""
+    # The shipped program version's text; a Run's own version replaces it (signature_for).
+    __doc__ = SHIPPED_INSTRUCTIONS
 
     request: str = dspy.InputField(desc="the user's message for this Turn")
     history: dspy.History = dspy.InputField(desc="earlier Turns of this session")
@@ -278,6 +268,16 @@ class ProgramResult:
     streamed_answer: str | None = None  # what AnswerDelta events carried of it, if any
 
 
+@functools.lru_cache(maxsize=16)
+def signature_for(instructions: str | None) -> type[dspy.Signature]:
+    """The Turn's signature with a program version's instructions (None: the shipped ones); one
+    class per text, so Turns on the same version share it."""
+    if instructions is None or instructions == SHIPPED_INSTRUCTIONS:
+        return TurnSignature
+    signature: type[dspy.Signature] = TurnSignature.with_instructions(instructions)
+    return signature
+
+
 def new_rlm(
     signature: type[dspy.Signature],
     limits: ProgramLimits,
@@ -307,11 +307,12 @@ def run_program(
     interpreter_factory: Callable[[], Repl],
     tools: list[Callable[..., Any]] | None = None,
     stream: bool = True,
+    instructions: str | None = None,
 ) -> ProgramResult:
     """Run one fresh dspy.RLM to completion, synchronously (the caller puts it in a thread).
     `tools` holds `rlm_query` when child RLMs are enabled. `stream`: on DSPy's token stream
     (dspy_stream), for an LM whose tokens take time to come; the scripted LM's come at once."""
-    program = new_rlm(TurnSignature, limits, sub_lm, tools)
+    program = new_rlm(signature_for(instructions), limits, sub_lm, tools)
     # trace=[] and disable_history=True: DSPy would otherwise append every predictor call to the
     # process-wide dspy.settings.trace and every LM call to the global LM history (10,000 entries
     # each), keeping each Turn's signature classes, prompts and predictions alive.

@@ -63,6 +63,7 @@ def start_program(
     tokens: TenantTokens | None = None,
     trace: TurnTrace | None = None,
     approvals: ApprovalGate | None = None,
+    instructions: str | None = None,
 ) -> ProgramRun:
     loop = asyncio.get_running_loop()
     stop = threading.Event()
@@ -116,6 +117,7 @@ def start_program(
         # The scripted LM answers at once: a stream would show nothing, and it costs time
         # (bench/evidence/reasoning-stream/).
         stream=not settings.root_lm.scripted,
+        instructions=instructions,
     )
     run = ProgramRun(asyncio.Future(), started, stop, observer, sandbox, children)
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.blobs import BlobStore
 from fleet_shared.config import Settings
-from fleet_shared.db import queries, runs, workspace_versions
+from fleet_shared.db import programs, queries, runs, workspace_versions
 from fleet_shared.db.engine import run_whole
 from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import ChildProgress, RunWarning, StatusChanged
@@ -99,6 +99,8 @@ class Claim:
     workspace: WorkspaceState | None = None  # its latest version, which the Run starts from
     traceparent: str | None = None  # the POST's span: the worker's join its trace
     approval: ApprovalMode = "never"  # the Turn's, else its session's (fleet_worker.approvals)
+    program_version_id: str | None = None  # the program version it runs (fleet_shared.db.programs)
+    instructions: str | None = None  # that version's text; None: the shipped instructions
 
     @property
     def span_attributes(self) -> dict[str, Any]:
@@ -198,6 +200,8 @@ def start_and_load(
         workspace=workspace,
         traceparent=run.traceparent,
         approval=cast(ApprovalMode, run.approval or session.approval or "never"),
+        program_version_id=run.program_version_id,
+        instructions=programs.text_of_on(db, run.program_version_id),
     )
 
 
@@ -326,6 +330,7 @@ async def execute(deps: WorkerDeps, turn: HeldTurn, prepared: Prepared) -> Outco
             settings.profile.runtime,
             turn.sink.emit_threadsafe,
         ),
+        instructions=turn.claim.instructions,
     )
     timeout = settings.profile.runtime.turn_timeout_seconds
     result = await wait_for_program(turn.program, turn.lease, timeout, turn.sink, deps.sandbox_ops)

@@ -21,6 +21,7 @@ from fleet_gateway.cancellation import CANCEL_WAIT_SECONDS, interrupt
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.litestar_compat import EventStream
 from fleet_gateway.quotas import counted_refusal, over_active_turns
+from fleet_gateway.routes.programs import checked_program
 from fleet_gateway.routes.sessions import load_session
 from fleet_gateway.routes.webhooks import checked_target
 from fleet_gateway.schemas import MAX_INT32, TurnAccepted, TurnPage, TurnRequest, UIMessage
@@ -189,6 +190,7 @@ class TurnController(Controller):
                 limit = gw.settings.profile.storage.max_attachments_per_turn
                 attachments = await check_attachments(db, data, limit, caller)
                 selected = await check_skills(db, data)
+        program_version = await checked_program(gw, caller, data.program_version)
         session_id = canonical
         limits = gw.settings.profile.quotas.of(caller.tenant)
         gateway_limits = gw.settings.profile.gateway.limits
@@ -213,6 +215,7 @@ class TurnController(Controller):
                 waiting_limit=gateway_limits.max_waiting_turns if data.multitask == "enqueue" else 0,
                 webhook_url=webhook_url,
                 approval=data.approval,
+                program_version_id=program_version,
             )
             with child_span("turn.claim", submit):
                 outcome = await claim()

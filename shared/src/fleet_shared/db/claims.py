@@ -100,6 +100,7 @@ CLAIM_CONTEXT_EXCLUSIVE = CLAIM_CONTEXT.with_for_update(of=SESSIONS)
 CLAIMED_COLUMNS = (
     "id", "session_id", "status", "attempt", "idempotency_key", "request_fingerprint", "model",
     "user_sequence", "last_seq", "created_at", "traceparent", "webhook_url", "approval",
+    "program_version_id",
 )  # fmt: skip
 INSERT_RUN_IF_ACTIVE = insert(RUNS).from_select(
     list(CLAIMED_COLUMNS),
@@ -143,6 +144,7 @@ class ClaimRequest:
     waiting_limit: int = 0
     webhook_url: str | None = None  # where the Run is posted when it ends (else its session's)
     approval: str | None = None  # whether its cells wait for approval (else its session's say)
+    program_version_id: str | None = None  # the program it runs (else the active one at its start)
 
 
 def read_claim_context(connection: Connection, request: ClaimRequest) -> ClaimContext:
@@ -198,6 +200,7 @@ async def claim_turn(
     waiting_limit: int = 0,
     webhook_url: str | None = None,
     approval: str | None = None,
+    program_version_id: str | None = None,
 ) -> Claimed | ClaimRefused:
     """In one transaction: honour the key, insert the queued Run and the user Turn (its text,
     then one `data-attachment` part per attachment and one `data-skill` part per selected skill:
@@ -222,7 +225,7 @@ async def claim_turn(
     ]
     request = ClaimRequest(
         session_id, idempotency_key, fingerprint, model, parts, caller, active_limit, traceparent,
-        waiting_limit, webhook_url, approval,
+        waiting_limit, webhook_url, approval, program_version_id,
     )  # fmt: skip
     twin = sqlite_twin(engine)
     if twin is not None:
@@ -281,7 +284,7 @@ def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | Cla
         "request_fingerprint": request.fingerprint, "model": request.model,
         "user_sequence": context.last_sequence + 1, "last_seq": 0, "created_at": stamp,
         "traceparent": request.traceparent, "webhook_url": request.webhook_url,
-        "approval": request.approval,
+        "approval": request.approval, "program_version_id": request.program_version_id,
     }  # fmt: skip
     # On SQLite the INSERT takes the write lock, so no archive lands before our commit; on
     # PostgreSQL an archive committed before this statement is seen here (READ COMMITTED reads
@@ -325,6 +328,7 @@ def wait_behind(connection: Connection, request: ClaimRequest) -> Claimed | Clai
         "idempotency_key": request.idempotency_key, "request_fingerprint": request.fingerprint,
         "model": request.model, "last_seq": 0, "created_at": utcnow(), "traceparent": request.traceparent,
         "webhook_url": request.webhook_url, "approval": request.approval,
+        "program_version_id": request.program_version_id,
     }  # fmt: skip
     result = waiting.insert_waiting(connection, values, request.parts, request.waiting_limit)
     match result:

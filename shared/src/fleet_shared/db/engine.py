@@ -41,6 +41,7 @@ REVISIONS = (
     "0011_waiting_runs",
     "0012_webhooks",
     "0013_approvals",
+    "0014_program_versions",
 )
 HEAD_REVISION = REVISIONS[-1]
 CONNECT_TIMEOUT_SECONDS = 5

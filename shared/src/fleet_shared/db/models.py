@@ -16,6 +16,7 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+ACTIVE_PROGRAM_SQL = "status = 'active'"
 ACTIVE_SQL = "status IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(ACTIVE_STATUSES)))
 
 
@@ -137,6 +138,9 @@ class Run(Base):
     webhook_url: Mapped[str | None] = mapped_column(String(2048), default=None)
     # The Turn's `approval`; NULL: its session's, as the worker finds it when the Run starts.
     approval: Mapped[str | None] = mapped_column(String(16), default=None)
+    # The program version it ran (fleet_shared.db.programs): the Turn's, else the one active when
+    # it started; NULL for a Run that never started, or of a database with no version.
+    program_version_id: Mapped[str | None] = mapped_column(String(36), default=None)
 
 
 class Turn(Base):
@@ -259,3 +263,33 @@ class WebhookAttempt(Base):
     duration_ms: Mapped[int] = mapped_column(Integer)
     status_code: Mapped[int | None] = mapped_column(Integer, default=None)
     error: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class ProgramVersion(Base):
+    """A version of the RLM's instructions. One is `active` (what Runs start with); `candidate`s
+    wait for an operator's activation (`fleet optimize` writes only these); `retired` ones were
+    active once. The text of a version never changes."""
+
+    __tablename__ = "program_versions"
+    __table_args__ = (
+        # At most one active version; a partial index both PostgreSQL and SQLite enforce.
+        Index(
+            "uq_program_versions_one_active",
+            "status",
+            unique=True,
+            postgresql_where=ACTIVE_PROGRAM_SQL,
+            sqlite_where=ACTIVE_PROGRAM_SQL,
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    parent_id: Mapped[str | None] = mapped_column(String(36), default=None)
+    text: Mapped[str] = mapped_column(Text)
+    text_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    status: Mapped[str] = mapped_column(String(16))
+    created_by: Mapped[str] = mapped_column(String(255))
+    notes: Mapped[str | None] = mapped_column(Text, default=None)
+    # A candidate's scores on a validation set, beside the active version's on the same rows.
+    validation: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    activated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db import waiting, webhooks, workspace_versions
 from fleet_shared.db.models import DELETED, Artifact, Run, RunEventRow, Session, Turn, utcnow
+from fleet_shared.db.programs import active_version_id
 from fleet_shared.db.queries import get_run
 from fleet_shared.db.workspace_versions import WorkspaceChange
 from fleet_shared.events import ArtifactCreated, RunCancelled, RunEvent, RunFailed, encode_event, event_type
@@ -89,7 +90,11 @@ def start_run_on(db: OrmSession, run_id: str) -> Run | None:
     start = RunCommand.START
     live = Run.session_id.in_(select(Session.id).where(Session.status != DELETED))
     decision = decide(RunStatus.QUEUED, start)
-    moved = decision_update(db, run_id, decision=decision, command=start, attempt=None, also=live)
+    # The program it runs: the Turn's own version, else the one active now (recorded for good).
+    program = {"program_version_id": func.coalesce(Run.program_version_id, active_version_id())}
+    moved = decision_update(
+        db, run_id, decision=decision, command=start, attempt=None, values=program, also=live
+    )
     db.commit()
     return db.get(Run, run_id, populate_existing=True) if moved else None
 
