@@ -86,5 +86,13 @@ def run(
             }  # fmt: skip
     if all(receipt.figures[k]["usd_per_query"] is None for k in kinds):
         receipt.notes.append("no price known for the model: set FLEET_BENCH_PRICE_*_PER_MTOK for $ per query")
-    receipt.goals = [goal("report", "reports accuracy, $ per query and p50/p95 per dataset", True, True)]
+    answered = all(receipt.figures[k]["failed"] == 0 for k in kinds)
+    receipt.goals = [
+        goal(
+            "report",
+            "every row answered: accuracy, $ per query and p50/p95 per dataset",
+            {k: receipt.figures[k]["accuracy"] for k in kinds},
+            answered,
+        )
+    ]
     return receipt.written()

@@ -244,10 +244,11 @@ def test_the_live_lane_skips_without_a_provider(monkeypatch: pytest.MonkeyPatch)
     assert "FLEET_LM_MODEL" in body["skipped"]
 
 
-# The root LM's one action for every niah row: find the fact with Python, submit its number.
+# The root LM's one action for every niah row: find the fact in the attachment, submit it.
 NIAH_SOLVER = (
-    "[[ ## reasoning ## ]]\nSearch the document for the fact.\n\n[[ ## code ## ]]\nimport re\n"
-    "found = re.search(r'The secret code for \\S+ is (\\d+)', request)\nSUBMIT(answer=found.group(1))\n\n"
+    "[[ ## reasoning ## ]]\nSearch the attached document for the fact.\n\n[[ ## code ## ]]\n"
+    "import glob, re\ntext = open(glob.glob('attachments/*.txt')[0]).read()\n"
+    "found = re.search(r'The secret code for \\S+ is (\\d+)', text)\nSUBMIT(answer=found.group(1))\n\n"
     "[[ ## completed ## ]]"
 )
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleet_cli.evals.compare import compare, render
+from fleet_cli.evals.compare import ReceiptError, compare, load_receipt, render
 from fleet_cli.evals.dataset import DatasetError, Metric, Row, load_dataset, metric_of
 from fleet_cli.evals.generate import generate, sizes, write_dataset
-from fleet_cli.evals.metrics import score
+from fleet_cli.evals.metrics import check_metric, score
+from fleet_cli.evals.runner import totals, unanswered
 from fleet_cli.evals.stats import mcnemar, paired_test, percentile, sign_flip
 
 
@@ -53,6 +53,11 @@ def test_a_dataset_loads_with_its_metrics_and_hash(tmp_path: Path) -> None:
         ('{"id": "b", "request": "x", "metric": "fuzzy"}', "data.jsonl:2"),
         ('{"id": "b", "request": "x", "metric": "os.system"}', "data.jsonl:2"),  # not module:function
         ('{"id": "b", "request": "x", "attachments": ["gone.txt"]}', "is not a file next to the dataset"),
+        ('{"id": "b", "request": "x", "attachments": ["../secret"]}', "is outside the dataset's folder"),
+        (
+            '{"id": "b", "request": "x", "metric": {"name": "regex", "pattern": "("}}',
+            "the pattern is not a regex",
+        ),
         ('{"id": "b", "request": "x", "bogus": 1}', "unknown field `bogus`"),
     ],
 )
@@ -88,6 +93,11 @@ def row(expected: Any = None, **fields: Any) -> Row:
         (Metric(name="numeric", tolerance=0.01), "3.14", "about 3.1416", 1.0),
         (Metric(name="numeric"), 7, "no number here", 0.0),
         (Metric(name="numeric"), -2, "-2", 1.0),
+        (Metric(name="numeric"), "482913", "482913 (the code for river-512)", 1.0),  # no -512
+        (Metric(name="numeric"), "1234.5", "it is 1,234.5", 1.0),
+        (Metric(name="numeric"), 12, "1,2", 0.0),  # not a thousands group: no number
+        (Metric(name="numeric"), -3, "\u22123", 1.0),  # a Unicode minus
+        (Metric(name="numeric"), 42, "The answer is 42.", 1.0),
     ],
 )
 def test_the_built_in_metrics(metric: Metric, expected: Any, answer: str, value: float) -> None:
@@ -175,18 +185,56 @@ def test_compare_of_the_same_run_finds_nothing() -> None:
 
 
 def test_generated_datasets_are_seeded_and_hold_their_answers(tmp_path: Path) -> None:
-    first = write_dataset(tmp_path / "a.jsonl", "niah", 3, seed=1, smallest=2_000, largest=8_000)
-    second = write_dataset(tmp_path / "b.jsonl", "niah", 3, seed=1, smallest=2_000, largest=8_000)
+    first = write_dataset(tmp_path / "a" / "d.jsonl", "niah", 3, seed=1, smallest=2_000, largest=8_000)
+    second = write_dataset(tmp_path / "b" / "d.jsonl", "niah", 3, seed=1, smallest=2_000, largest=8_000)
     assert first.read_bytes() == second.read_bytes()
     rows = [json.loads(line) for line in first.read_text().splitlines()]
     for entry in rows:
-        found = re.search(r"The secret code for \S+ is (\d+)\.", entry["request"])
-        assert found is not None and found.group(1) == entry["expected"]
-    assert [len(r["request"]) for r in rows] == sorted(len(r["request"]) for r in rows)
+        (name,) = entry["attachments"]
+        text = (first.parent / name).read_text()
+        assert text == (second.parent / name).read_text()
+        found = re.search(r"The secret code for (\S+) is (\d+)\.", text)
+        assert found is not None and found.group(2) == entry["expected"]
+        assert found.group(1) in entry["request"] and name in entry["request"]
+    lengths = [len((first.parent / r["attachments"][0]).read_text()) for r in rows]
+    assert lengths == sorted(lengths) and lengths[0] >= 2_000
+    assert load_dataset(first).rows[0].attachments == (rows[0]["attachments"][0],)  # it loads
     assert sizes(10, 100_000, 1_000_000)[0] == 100_000 and sizes(10, 100_000, 1_000_000)[-1] == 1_000_000
-    for index, entry in enumerate(generate("oolong", 4, seed=3, smallest=3_000, largest=3_000)):
+    # The requests stay short whatever the size: the gateway's max_text_chars is 100,000 at most.
+    assert all(len(row["request"]) < 500 for row, _ in generate("niah", 3, seed=7))
+    for index, (entry, table) in enumerate(generate("oolong", 4, seed=3, smallest=3_000, largest=3_000)):
         label = re.search(r"labelled (\w+)", entry["request"]).group(1)  # type: ignore[union-attr]
-        records = [line.split(" | ") for line in entry["request"].split("<records>\n")[1].splitlines()[1:-1]]
+        records = [line.split(" | ") for line in table.splitlines()[1:]]
         mine = [int(amount) for _, _, lab, amount in records if lab == label]
         assert entry["expected"] == (sum(mine) if index % 2 else len(mine))
-    assert math.isclose(len(list(generate("niah", 2, seed=5, smallest=1_000, largest=2_000))), 2)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[]",
+        '{"kind": "fleet-eval/1"}',
+        '{"kind": "fleet-eval/1", "rows": [{"id": "a"}], "totals": {}, "dataset": {}}',
+    ],
+)
+def test_a_malformed_receipt_is_refused_by_name(tmp_path: Path, body: str) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(body)
+    with pytest.raises(ReceiptError, match=r"r\.json"):
+        load_receipt(path)
+
+
+def test_rows_no_run_answered_score_zero_when_they_would_have_been_scored() -> None:
+    refused = unanswered(row(5), Metric(name="numeric"), "refused", "429 quota_exceeded")
+    assert (refused.status, refused.score, refused.failure_code) == ("refused", 0.0, "refused")
+    assert unanswered(row(None), Metric(name="exact"), "error", "x").score is None
+    assert totals([refused])["accuracy"] == 0.0 and totals([refused])["refused"] == 1
+
+
+def test_metrics_that_cannot_score_are_found_before_any_turn(tmp_path: Path) -> None:
+    (tmp_path / "eval_hooks_broken.py").write_text("raise RuntimeError('no')\n")
+    assert check_metric(Metric(name="judge"), tmp_path, None) == "a `judge` row needs --judge-profile"
+    assert check_metric(Metric(name="judge"), tmp_path, lambda _p: "") is None
+    assert "RuntimeError: no" in (check_metric(Metric(name="eval_hooks_broken:grade"), tmp_path, None) or "")
+    assert "no such function" in (check_metric(Metric(name="json:no_such"), tmp_path, None) or "")
+    assert check_metric(Metric(name="exact"), tmp_path, None) is None

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from fleet_cli.evals.dataset import BUILT_IN_METRICS, DatasetError, Metric, load_dataset
+from fleet_cli.evals.dataset import BUILT_IN_METRICS, Dataset, DatasetError, Metric, load_dataset, metric_of
 from fleet_cli.evals.generate import KINDS, write_dataset
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from fleet_cli.evals.runner import Target
+    from fleet_cli.evals.metrics import Judge
+    from fleet_cli.evals.runner import Progress, Target
 
 TOKEN_ENV = "FLEET_API_TOKEN"
 
@@ -36,7 +37,7 @@ def add_parser(command: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--profile", help="the embedded stack's profile (or the name a deployment's receipt records)"
     )
-    run.add_argument("--concurrency", type=int, default=4, help="Turns at once (default: %(default)s)")
+    run.add_argument("--concurrency", type=positive, default=4, help="Turns at once (default: %(default)s)")
     run.add_argument(
         "--metric",
         default="exact",
@@ -44,7 +45,8 @@ def add_parser(command: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--tolerance", type=float, default=0.0, help="numeric: the difference allowed")
     run.add_argument("--judge-profile", help="the profile whose root LM grades `judge` rows")
-    run.add_argument("--limit", type=int, help="only the first N rows")
+    run.add_argument("--limit", type=positive, help="only the first N rows")
+    run.add_argument("--program-version", help="run this program version, not the active one (admin token)")
     run.add_argument(
         "--timeout", type=float, default=900.0, help="seconds one Turn may take (default: %(default)s)"
     )
@@ -55,10 +57,10 @@ def add_parser(command: argparse.ArgumentParser) -> None:
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
     generate = actions.add_parser("generate", help="write a seeded synthetic dataset (niah, oolong)")
     generate.add_argument("kind", choices=KINDS)
-    generate.add_argument("--rows", type=int, default=10)
+    generate.add_argument("--rows", type=positive, default=10)
     generate.add_argument("--seed", type=int, default=7)
-    generate.add_argument("--min-chars", type=int, default=100_000)
-    generate.add_argument("--max-chars", type=int, default=1_000_000)
+    generate.add_argument("--min-chars", type=positive, default=100_000)
+    generate.add_argument("--max-chars", type=positive, default=1_000_000)
     generate.add_argument("--out", type=Path, required=True)
 
 
@@ -87,19 +89,14 @@ def run_compare(a: Path, b: Path, *, as_json: bool) -> int:
 
 
 def run_dataset_command(args: argparse.Namespace) -> int:
-    from fleet_cli.evals.runner import Progress, Target, run_dataset, write_receipt
+    from fleet_cli.evals.runner import Progress, Target
 
-    if args.concurrency < 1:
-        print("fleet: --concurrency must be at least 1", file=sys.stderr)
-        return 2
     try:
         dataset = load_dataset(args.dataset, args.limit)
         default = msgspec.convert({"name": args.metric, "tolerance": args.tolerance}, Metric)
     except msgspec.ValidationError as exc:
-        print(
-            f"fleet: --metric/--tolerance: {exc} ({', '.join(BUILT_IN_METRICS)} or module:function)",
-            file=sys.stderr,
-        )
+        names = f"{', '.join(BUILT_IN_METRICS)} or module:function"
+        print(f"fleet: --metric/--tolerance: {exc} ({names})", file=sys.stderr)
         return 2
     except DatasetError as exc:
         print(f"fleet: {exc}", file=sys.stderr)
@@ -109,32 +106,78 @@ def run_dataset_command(args: argparse.Namespace) -> int:
         from fleet_cli.evals.metrics import litellm_judge
 
         judge = litellm_judge(args.judge_profile)
+    problem = metric_problem(dataset, default, judge)
+    if problem is not None:
+        print(f"fleet: {problem}", file=sys.stderr)
+        return 2
     out = args.out or Path(f"eval-{dataset.path.stem}-{datetime.now(UTC):%Y%m%dT%H%M%S}.json")
-    progress = Progress(len(dataset.rows))
+    evaluation = Evaluation(args, dataset, default, judge, out=out, progress=Progress(len(dataset.rows)))
+    if args.api_url:
+        code = evaluation(Target(args.api_url, os.environ.get(TOKEN_ENV), args.profile, args.api_url))
+    else:
+        code = on_embedded_stack(args.profile, evaluation)
+    if evaluation.interrupted:  # rows still in flight would keep this process: the receipt is out
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
-    def evaluate(target: Target) -> int:
-        receipt = run_dataset(
-            dataset, target, concurrency=args.concurrency, default_metric=default, judge=judge,
-            turn_timeout=args.timeout, on_row=progress.row_done,
-        )  # fmt: skip
-        write_receipt(receipt, out)
+
+def metric_problem(dataset: Dataset, default: Metric, judge: Judge | None) -> str | None:
+    """Why some row cannot be scored (a judge without --judge-profile, a hook that does not
+    import, a pattern that does not compile), before any Turn is paid for."""
+    from fleet_cli.evals.metrics import check_metric
+
+    for row in dataset.rows:
+        problem = check_metric(metric_of(row, default), dataset.path.parent, judge)
+        if problem is not None:
+            return f"row {row.id!r}: {problem}"
+    return None
+
+
+class Evaluation:
+    """Run the dataset on a target, write the receipt, say what it holds; the exit code."""
+
+    def __init__(
+        self, args: argparse.Namespace, dataset: Dataset, default: Metric, judge: Judge | None, *,
+        out: Path, progress: Progress,
+    ) -> None:  # fmt: skip
+        self.args, self.dataset, self.default, self.judge = args, dataset, default, judge
+        self.out, self.progress = out, progress
+        self.interrupted = False
+
+    def __call__(self, target: Target) -> int:
+        from fleet_cli.evals.gateway import TurnRefused
+        from fleet_cli.evals.runner import run_dataset, write_receipt
+
+        try:
+            receipt = run_dataset(
+                self.dataset, target, concurrency=self.args.concurrency, default_metric=self.default,
+                judge=self.judge, turn_timeout=self.args.timeout, on_row=self.progress.row_done,
+                program_version=self.args.program_version,
+            )  # fmt: skip
+        except TurnRefused as exc:
+            print(f"fleet: the gateway refused the evaluation: {exc}", file=sys.stderr)
+            return 2
+        write_receipt(receipt, self.out)
         totals = receipt["totals"]
         print(
             f"{totals['rows']} rows, {totals['failed']} not completed, accuracy {totals['accuracy']}, "
             f"p50 {totals['seconds_p50']} s, p95 {totals['seconds_p95']} s, "
             f"$ per query {totals['usd_per_query']}"
         )
-        print(f"receipt: {out}")
-        return 0
-
-    if args.api_url:
-        return evaluate(Target(args.api_url, os.environ.get(TOKEN_ENV), args.profile, args.api_url))
-    return on_embedded_stack(args.profile, evaluate)
+        print(f"receipt: {self.out}")
+        if receipt["interrupted"]:
+            self.interrupted = True
+            print("fleet: interrupted: the receipt holds the rows that ended", file=sys.stderr)
+            return 130
+        return 0 if totals["completed"] else 1
 
 
 def on_embedded_stack(profile: str | None, evaluate: Callable[[Target], int]) -> int:
-    """Start the embedded stack in the background (logs in .fleet/logs/), evaluate, stop it."""
-    from fleet_cli.embedded import prepare_embedded, start_stack, stop_on_signals
+    """Start the embedded stack in the background (logs in .fleet/logs/), evaluate, stop it;
+    Ctrl-C stops the evaluation (and then the stack)."""
+    from fleet_cli.embedded import prepare_embedded, start_stack
     from fleet_cli.evals.runner import Target
     from fleet_cli.sides import refuse_without
 
@@ -147,7 +190,6 @@ def on_embedded_stack(profile: str | None, evaluate: Callable[[Target], int]) ->
         return prepared
     logs = prepared.data_dir / "logs"
     logs.mkdir(mode=0o700, exist_ok=True)
-    stop_on_signals(prepared.stack)
     try:
         print(f"fleet: starting the embedded stack (logs in {logs})...", file=sys.stderr, flush=True)
         url = start_stack(prepared, host="127.0.0.1", port=port, workers=1, logs=logs)
@@ -163,3 +205,10 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value

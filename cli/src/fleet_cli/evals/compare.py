@@ -21,8 +21,16 @@ def load_receipt(path: Path) -> dict[str, Any]:
         receipt: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ReceiptError(f"{path}: {exc}") from exc
-    if not str(receipt.get("kind", "")).startswith("fleet-eval/"):
+    if not isinstance(receipt, dict) or not str(receipt.get("kind", "")).startswith("fleet-eval/"):
         raise ReceiptError(f"{path}: not a `fleet eval` receipt")
+    rows = receipt.get("rows")
+    if (
+        not isinstance(rows, list)
+        or not all(isinstance(r, dict) and {"id", "score", "status"} <= r.keys() for r in rows)
+        or not isinstance(receipt.get("totals"), dict)
+        or not isinstance(receipt.get("dataset"), dict)
+    ):
+        raise ReceiptError(f"{path}: a `fleet eval` receipt without its rows, totals or dataset")
     return receipt
 
 
@@ -55,7 +63,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "test": test,
         "significant": p_value is not None and p_value < ALPHA,
         "changed": changed,
-        "same_dataset": a["dataset"]["sha256"] == b["dataset"]["sha256"],
+        "same_dataset": a["dataset"].get("sha256") == b["dataset"].get("sha256"),
         "totals": {"a": a["totals"], "b": b["totals"]},
     }
 

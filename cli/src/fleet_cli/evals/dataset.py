@@ -6,6 +6,7 @@ metric or a missing attachment stops the run with the line that is wrong."""
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -75,6 +76,10 @@ def load_dataset(path: Path, limit: int | None = None) -> Dataset:
             raise DatasetError(f"{path}:{number}: the id {row.id!r} is used twice")
         seen.add(row.id)
         for name in row.attachments:
+            if not (path.parent / name).resolve().is_relative_to(path.parent.resolve()):
+                raise DatasetError(
+                    f"{path}:{number}: the attachment {name!r} is outside the dataset's folder"
+                )
             if not (path.parent / name).is_file():
                 raise DatasetError(
                     f"{path}:{number}: the attachment {name!r} is not a file next to the dataset"
@@ -82,5 +87,11 @@ def load_dataset(path: Path, limit: int | None = None) -> Dataset:
         rows.append(row)
     if not rows:
         raise DatasetError(f"{path}: no rows")
+    for row in rows:  # a pattern that cannot compile fails here, not after its Turn
+        if isinstance(row.metric, Metric) and row.metric.pattern is not None:
+            try:
+                re.compile(row.metric.pattern)
+            except re.error as exc:
+                raise DatasetError(f"{path}: row {row.id!r}: the pattern is not a regex ({exc})") from exc
     chosen = rows[:limit] if limit else rows
     return Dataset(path=path.resolve(), rows=tuple(chosen), sha256=hashlib.sha256(data).hexdigest())

@@ -18,7 +18,11 @@ import msgspec
 
 from fleet_cli.evals.dataset import Metric, Row
 
-NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+# A number standing on its own: not the tail of a word or an id ("river-512" holds no -512),
+# thousands in groups of three ("1,234.5"; "1,2" is two numbers), a Unicode minus as a minus.
+NUMBER = re.compile(
+    r"(?<![\w.,-])[-+\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w,]\d)"
+)
 JUDGE_PROMPT = """You grade an answer to a request. Reply with one JSON object and nothing else:
 {{"score": <a number from 0 (wrong) to 1 (right)>, "reason": "<one sentence>"}}
 
@@ -70,10 +74,10 @@ def score(
 
 
 def number(text: str) -> float | None:
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
+    """`text` as a number when it is exactly one (as NUMBER reads them), else None."""
+    if NUMBER.fullmatch(text) is None:
         return None
+    return float(text.replace(",", "").replace("\u2212", "-"))
 
 
 def numeric(answer: str, expected: str, tolerance: float) -> Score:
@@ -82,9 +86,9 @@ def numeric(answer: str, expected: str, tolerance: float) -> Score:
     want = number(expected.strip())
     if want is None:
         return Score(None, f"the expected answer {expected!r} is not a number")
-    found = number(answer.strip())
+    found = number(answer.strip().rstrip("."))
     if found is None:
-        numbers = [n for n in (number(m) for m in NUMBER.findall(answer)) if n is not None]
+        numbers = [n for n in (number(m.group(0)) for m in NUMBER.finditer(answer)) if n is not None]
         found = numbers[-1] if numbers else None
     if found is None:
         return Score(0.0, "no number in the answer")
@@ -111,7 +115,7 @@ def judged(judge: Judge, metric: Metric, row: Row, answer: str) -> Score:
 def hooked(name: str, row: Row, answer: str, hooks: Path | None) -> Score:
     module_name, _, function_name = name.partition(":")
     if hooks is not None and str(hooks) not in sys.path:
-        sys.path.insert(0, str(hooks))  # a metrics module next to the dataset
+        sys.path.append(str(hooks))  # a metrics module next to the dataset (never shadowing one)
     function = getattr(importlib.import_module(module_name), function_name)
     result: Any = function(answer=answer, expected=row.expected, row=msgspec.to_builtins(row))
     if result is None:
@@ -119,6 +123,28 @@ def hooked(name: str, row: Row, answer: str, hooks: Path | None) -> Score:
     if isinstance(result, bool | int | float) and 0 <= float(result) <= 1:
         return Score(float(result))
     raise ValueError(f"{name} returned {result!r}: a bool or a number from 0 to 1")
+
+
+def check_metric(metric: Metric, hooks: Path, judge: Judge | None) -> str | None:
+    """Why rows with `metric` cannot be scored, found before any Turn is paid for; None: they can."""
+    if metric.name == "judge" and judge is None:
+        return "a `judge` row needs --judge-profile"
+    if metric.pattern is not None:
+        try:
+            re.compile(metric.pattern)
+        except re.error as exc:
+            return f"the pattern {metric.pattern!r}: {exc}"
+    if ":" in metric.name:
+        module_name, _, function_name = metric.name.partition(":")
+        if str(hooks) not in sys.path:
+            sys.path.append(str(hooks))
+        try:
+            function = getattr(importlib.import_module(module_name), function_name, None)
+        except Exception as exc:  # the operator's module failed to import: say how
+            return f"{metric.name}: {type(exc).__name__}: {exc}"
+        if not callable(function):
+            return f"{metric.name}: no such function"
+    return None
 
 
 def litellm_judge(profile: str) -> Judge:

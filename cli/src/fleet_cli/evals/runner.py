@@ -10,12 +10,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from fleet_cli.evals.dataset import Dataset, Metric, Row, metric_of
 from fleet_cli.evals.gateway import Gateway, TurnRefused
@@ -66,13 +68,21 @@ def usage_totals(usage: dict[str, Any] | None) -> tuple[int | None, int, int, in
     )
 
 
-def run_row(gateway: Gateway, dataset: Dataset, row: Row, default: Metric, judge: Judge | None) -> RowResult:
+def run_row(  # noqa: PLR0917 - the pool submits it with its arguments in order
+    gateway: Gateway,
+    dataset: Dataset,
+    row: Row,
+    default: Metric,
+    judge: Judge | None,
+    program_version: str | None = None,
+) -> RowResult:
     metric = metric_of(row, default)
     try:
-        answered = gateway.answer(dataset, row, dataset.path.stem)
-    except (TurnRefused, OSError) as exc:  # the row is recorded as refused; the run goes on
-        return RowResult(row.id, "refused", None, metric.name, str(exc)[:500], "", None, None, None, None,
-                         None, None, "refused", None, None, None, None)  # fmt: skip
+        answered = gateway.answer(dataset, row, dataset.path.stem, program_version)
+    except TurnRefused as exc:  # recorded, and the run goes on: it scores 0 as a failed Run does
+        return unanswered(row, metric, "refused", str(exc))
+    except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:  # the gateway or the network
+        return unanswered(row, metric, "error", f"{type(exc).__name__}: {exc}")
     run = answered.run
     iterations, calls, tokens_in, tokens_out = usage_totals(run.get("usage"))
     if run.get("status") == "completed":
@@ -100,9 +110,20 @@ def run_row(gateway: Gateway, dataset: Dataset, row: Row, default: Metric, judge
         failure_code=run.get("failure_code"),
         run_id=answered.run_id,
         session_id=answered.session_id,
-        program_version=run.get("program_version"),
+        program_version=run.get("program_version_id"),
         model=run.get("model"),
     )
+
+
+def unanswered(row: Row, metric: Metric, status: str, detail: str) -> RowResult:
+    """A row no Run answered: 0 when it would have been scored, like a Run that failed."""
+    value = 0.0 if scorable(row, metric) else None
+    return RowResult(row.id, status, value, metric.name, detail[:500], "", None, None, None, None,
+                     None, None, status, None, None, None, None)  # fmt: skip
+
+
+def scorable(row: Row, metric: Metric) -> bool:
+    return row.expected is not None or metric.name == "judge" or ":" in metric.name or bool(metric.pattern)
 
 
 class Progress:
@@ -140,25 +161,37 @@ def run_dataset(
     judge: Judge | None = None,
     turn_timeout: float = 900.0,
     on_row: Callable[[RowResult], None] | None = None,
+    program_version: str | None = None,
 ) -> dict[str, Any]:
-    """Run every row and return the receipt (not yet written)."""
-    gateway = Gateway(target.url, target.token, turn_timeout)
+    """Run every row and return the receipt (not yet written). Ctrl-C stops it: no new row
+    starts, and the receipt holds the rows that ended, marked `interrupted` (a Run still in
+    flight is left to finish). TurnRefused when the gateway refuses the caller before any row."""
+    gateway = Gateway(target.url, target.token, turn_timeout, connections=concurrency + 4)
     started_at = datetime.now(UTC)
     started = time.perf_counter()
+    done: dict[str, RowResult] = {}
+    interrupted = False
     try:
+        gateway.check_access()
         skills = gateway.skills()
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fleet-eval") as pool:
-            futures = [
-                pool.submit(run_row, gateway, dataset, row, default_metric, judge) for row in dataset.rows
-            ]
-            results = []
-            for future in futures:
-                result = future.result()
-                results.append(result)
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fleet-eval")
+        futures = {
+            pool.submit(run_row, gateway, dataset, row, default_metric, judge, program_version): row.id
+            for row in dataset.rows
+        }
+        try:
+            for future in as_completed(futures):
+                done[futures[future]] = result = future.result()
                 if on_row is not None:
                     on_row(result)
+        except KeyboardInterrupt:
+            interrupted = True
+            pool.shutdown(wait=False, cancel_futures=True)
+        else:
+            pool.shutdown()
     finally:
         gateway.close()
+    results = [done[row.id] for row in dataset.rows if row.id in done]  # the dataset's order
     return {
         "kind": RECEIPT_KIND,
         "dataset": {"path": str(dataset.path), "sha256": dataset.sha256, "rows": len(dataset.rows)},
@@ -171,6 +204,7 @@ def run_dataset(
         "concurrency": concurrency,
         "started_at": started_at.isoformat(),
         "wall_seconds": round(time.perf_counter() - started, 3),
+        "interrupted": interrupted,
         "rows": [asdict(r) for r in results],
         "totals": totals(results),
     }
@@ -188,6 +222,7 @@ def totals(results: list[RowResult]) -> dict[str, Any]:
         "rows": len(results),
         "scored": len(scored),
         "accuracy": round(sum(scored) / len(scored), 4) if scored else None,
+        "refused": sum(1 for r in results if r.status in ("refused", "error")),
         "completed": sum(1 for r in results if r.status == "completed"),
         "failed": sum(1 for r in results if r.status != "completed"),
         "cost_usd": round(sum(costs), 6) if costs else None,
@@ -203,6 +238,8 @@ def totals(results: list[RowResult]) -> dict[str, Any]:
 
 def git_sha() -> str | None:
     """The checkout fleet runs from, when it is one (an installed fleet has none)."""
+    if not (CHECKOUT / "cli" / "src" / "fleet_cli").is_dir():
+        return None
     try:
         done = subprocess.run(
             ["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"],
