@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +30,9 @@ class FakeProvider:
     tokens_per_s: float = 0.0
     chunk_times: list[float] = field(default_factory=list)  # time.monotonic() of each chunk sent
     api_key: str | None = None  # when set, GET /models refuses (401) any other bearer token
+    # A reply chosen from the request's body (None: the next of `replies`), for a test whose
+    # replies depend on what each call carries (the instructions a Turn ran with, say).
+    reply_for: Callable[[dict[str, Any]], str | None] | None = None
 
 
 def chunk(model: str, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
@@ -60,7 +63,8 @@ def serve_fake_provider() -> Iterator[FakeProvider]:
                 error = {"error": {"message": message, "type": "invalid_request_error"}}
                 self.reply(status, json.dumps(error).encode())
                 return
-            text = fake.replies.pop(0) if fake.replies else "out of replies"
+            chosen = fake.reply_for(body) if fake.reply_for is not None else None
+            text = chosen if chosen is not None else fake.replies.pop(0) if fake.replies else "out of replies"
             if body.get("stream"):
                 self.stream(body.get("model", ""), text)
                 return

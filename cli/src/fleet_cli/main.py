@@ -134,6 +134,11 @@ def answer_quality_commands(command: Callable[[str, str], argparse.ArgumentParse
     from fleet_cli.programs import add_parser as add_program_parser
 
     add_program_parser(command("program", "the RLM's program versions: list, add, activate, roll back"))
+    from fleet_cli.evals.command import add_optimize_parser
+
+    add_optimize_parser(
+        command("optimize", "dspy.GEPA over the RLM's instructions on real Turns; stores candidates only")
+    )
 
 
 def listen_address(parser: argparse.ArgumentParser) -> None:
@@ -166,6 +171,7 @@ COMMAND_SIDES = {
     "worker": ("worker",),
     "daytona": ("worker",),
     "sandbox": ("worker",),
+    "optimize": ("worker",),  # dspy.GEPA
 }
 
 
@@ -196,6 +202,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from fleet_cli.daytona import run_daytona
 
         return run_daytona(args.daytona_command if args.command == "daytona" else "doctor")
+    if args.command == "optimize":
+        from fleet_cli.evals.command import run_optimize
+
+        return run_optimize(args)
     if args.command == "program":
         from fleet_cli.programs import run_program_command
 

@@ -212,3 +212,76 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def add_optimize_parser(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--dataset", type=Path, required=True, help="JSONL, as for `fleet eval run`")
+    command.add_argument("--budget", type=positive, required=True, help="GEPA's metric calls: Turns at most")
+    command.add_argument(
+        "--reflection-profile", required=True, help="the profile whose root LM proposes new instructions"
+    )
+    command.add_argument(
+        "--api-url", help=f"a running gateway (an admin token in {TOKEN_ENV}); default: embedded"
+    )
+    command.add_argument("--profile", help="the embedded stack's profile")
+    command.add_argument("--metric", default="exact", help="for rows naming none (default: %(default)s)")
+    command.add_argument("--judge-profile", help="the profile whose root LM grades `judge` rows")
+    command.add_argument("--val-fraction", type=float, default=0.5, help="rows kept for validation (0.5)")
+    command.add_argument("--seed", type=int, default=0)
+    command.add_argument("--concurrency", type=positive, default=2)
+    command.add_argument("--timeout", type=float, default=900.0, help="seconds one Turn may take")
+    command.add_argument("--out", type=Path, help="the report (default: optimize-<dataset>-<UTC time>.json)")
+
+
+def run_optimize(args: argparse.Namespace) -> int:
+    from fleet_cli.evals.gateway import Gateway, TurnRefused
+    from fleet_cli.evals.optimize import optimize, reflection_lm_of
+    from fleet_cli.evals.runner import Target, write_receipt
+
+    try:
+        dataset = load_dataset(args.dataset)
+        default = msgspec.convert({"name": args.metric}, Metric)
+        if len(dataset.rows) < 2 or not 0 < args.val_fraction < 1:
+            raise DatasetError("optimizing needs two rows or more, and --val-fraction between 0 and 1")
+        reflection = reflection_lm_of(args.reflection_profile)
+    except (DatasetError, msgspec.ValidationError, ValueError) as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return 2
+    judge = None
+    if args.judge_profile:
+        from fleet_cli.evals.metrics import litellm_judge
+
+        judge = litellm_judge(args.judge_profile)
+    problem = metric_problem(dataset, default, judge)
+    if problem is not None:
+        print(f"fleet: {problem}", file=sys.stderr)
+        return 2
+    out = args.out or Path(f"optimize-{dataset.path.stem}-{datetime.now(UTC):%Y%m%dT%H%M%S}.json")
+
+    def run(target: Target) -> int:
+        gateway = Gateway(target.url, target.token, args.timeout, connections=args.concurrency + 4)
+        try:
+            gateway.check_access()
+            report = optimize(
+                dataset, gateway, default_metric=default, reflection_lm=reflection, budget=args.budget,
+                val_fraction=args.val_fraction, seed=args.seed, concurrency=args.concurrency, judge=judge,
+            )  # fmt: skip
+        except TurnRefused as exc:
+            print(
+                f"fleet: the gateway refused the optimizer (it needs the `admin` scope): {exc}",
+                file=sys.stderr,
+            )
+            return 2
+        finally:
+            gateway.close()
+        write_receipt({"kind": "fleet-optimize/1", "dataset": str(dataset.path), **report}, out)
+        active = report["active"]
+        print(f"active {active['id']}: validation score {active['validation_score']}")
+        for candidate in report["candidates"]:
+            print(f"candidate {candidate['id']}: validation score {candidate['score']}")
+        print(f"nothing was activated; `fleet program activate <id>` makes a candidate active. report: {out}")
+        return 0
+
+    if args.api_url:
+        return run(Target(args.api_url, os.environ.get(TOKEN_ENV), args.profile, args.api_url))
+    return on_embedded_stack(args.profile, run)

@@ -9,7 +9,7 @@ import uuid
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Controller, get, post, put
+from litestar import Controller, get, patch, post, put
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
 from litestar.handlers.base import BaseRouteHandler
@@ -70,6 +70,13 @@ class NewProgram(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     validation: dict[str, Any] | None = None
 
 
+class ProgramNotes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What may change on a version: its notes and validation scores (never its text)."""
+
+    notes: Annotated[str, msgspec.Meta(max_length=4000, pattern=NO_NUL)] | msgspec.UnsetType = msgspec.UNSET
+    validation: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
 class ActiveProgram(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: uuid.UUID
 
@@ -117,6 +124,23 @@ class ProgramController(Controller):
             notes=data.notes,
             validation=data.validation,
         )
+        await db.commit()
+        return ProgramOut.of(row)
+
+    @patch("/{version_id:str}")
+    async def annotate_program(
+        self, db: NamedDependency[AsyncSession], version_id: FromPath[str], data: JSONBody[ProgramNotes]
+    ) -> ProgramOut:
+        """Set a version's notes or validation scores (an optimizer records them); its text and
+        status never change here."""
+        canonical = parse_uuid(version_id)
+        row = await programs.get_version(db, canonical) if canonical else None
+        if row is None:
+            raise not_found("program version")
+        if data.notes is not msgspec.UNSET:
+            row.notes = data.notes
+        if data.validation is not msgspec.UNSET:
+            row.validation = data.validation
         await db.commit()
         return ProgramOut.of(row)
 
