@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from fleet_cli.evals.dataset import load_dataset
 from tests.e2e.conftest import REPO, Stack, fleet, start_stack, stop_stack, work_dir
 from tests.support.fake_provider import FakeProvider, serve_fake_provider
 
@@ -145,3 +146,30 @@ def git_head() -> str:
     return subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
+
+
+def test_rated_answers_export_as_a_dataset_eval_can_run(eval_stack: Stack) -> None:
+    folder = eval_folder([ROWS[0], ROWS[4]])
+    assert (
+        fleet_eval(folder, "run", "data.jsonl", "--api-url", eval_stack.url, "--out", "r.json").returncode
+        == 0
+    )
+    rows = {row["id"]: row for row in json.loads((folder / "r.json").read_text())["rows"]}
+    with eval_stack.client() as client:
+        for row_id, rating, comment in (("mul", "up", None), ("wrong", "down", "that is not 5")):
+            row = rows[row_id]
+            body = {"run_id": row["run_id"], "rating": rating, **({"comment": comment} if comment else {})}
+            sent = client.post(f"/api/sessions/{row['session_id']}/traces/feedback", json=body)
+            assert sent.status_code == 201, sent.text
+    done = fleet_eval(folder, "export-feedback", "--out", "feedback.jsonl", env=eval_stack.env)
+    assert done.returncode == 0, done.stderr
+    exported = [json.loads(line) for line in (folder / "feedback.jsonl").read_text().splitlines()]
+    by_request = {row["request"]: row for row in exported}
+    approved, rejected = by_request["What is 37 * 91?"], by_request["What is 2 + 2?"]
+    assert approved["expected"] == rows["mul"]["answer"] and approved["metric"]["name"] == "judge"
+    assert "expected" not in rejected and "that is not 5" in rejected["metric"]["rubric"]
+    assert rows["wrong"]["answer"] in rejected["metric"]["rubric"]
+    assert load_dataset(folder / "feedback.jsonl").rows  # a dataset `fleet eval run` takes
+    ups = fleet_eval(folder, "export-feedback", "--out", "up.jsonl", "--rating", "up", env=eval_stack.env)
+    assert ups.returncode == 0 and len((folder / "up.jsonl").read_text().splitlines()) >= 1
+    assert all("expected" in json.loads(line) for line in (folder / "up.jsonl").read_text().splitlines())

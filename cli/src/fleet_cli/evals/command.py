@@ -55,6 +55,12 @@ def add_parser(command: argparse.ArgumentParser) -> None:
     compare.add_argument("a", type=Path)
     compare.add_argument("b", type=Path)
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    export = actions.add_parser(
+        "export-feedback", help="users' ratings of answers as a dataset (reads the DB)"
+    )
+    export.add_argument("--out", type=Path, required=True)
+    export.add_argument("--rating", choices=("up", "down", "all"), default="all")
+    export.add_argument("--tenant", help="only this tenant's sessions")
     generate = actions.add_parser("generate", help="write a seeded synthetic dataset (niah, oolong)")
     generate.add_argument("kind", choices=KINDS)
     generate.add_argument("--rows", type=positive, default=10)
@@ -73,6 +79,12 @@ def run_eval(args: argparse.Namespace) -> int:
         return 0
     if args.eval_command == "compare":
         return run_compare(args.a, args.b, as_json=args.json)
+    if args.eval_command == "export-feedback":
+        from fleet_cli.evals.feedback import export_feedback
+
+        return export_feedback(
+            {"FLEET_REDIS_URL": "redis://unused", **os.environ}, args.out, args.rating, args.tenant
+        )
     return run_dataset_command(args)
 
 
