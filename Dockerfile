@@ -105,7 +105,7 @@ USER 10001:10001
 ENTRYPOINT ["tini", "--", "fleet"]
 
 # ---------------------------------------------------------------------------------------------
-# migrate: `fleet db upgrade` (migrate, then seed the skills). It needs no side: the gateway's
+# migrate: `fleet db upgrade` (migrate, then seed the skills and the shipped program version). It needs no side: the gateway's
 # venv is the slimmer of the two.
 FROM runtime AS migrate
 

@@ -24,7 +24,8 @@ def upgrade() -> None:
     op.create_table(
         "program_versions",
         sa.Column("id", sa.String(36), primary_key=True),
-        sa.Column("parent_id", sa.String(36), nullable=True),
+        sa.Column("parent_id", sa.String(36), sa.ForeignKey("program_versions.id"), nullable=True),
+        sa.Column("replaced_id", sa.String(36), sa.ForeignKey("program_versions.id"), nullable=True),
         sa.Column("text", sa.Text(), nullable=False),
         sa.Column("text_sha256", sa.String(64), nullable=False),
         sa.Column("status", sa.String(16), nullable=False),
@@ -44,12 +45,16 @@ def upgrade() -> None:
         sqlite_where=sa.text(ACTIVE),
     )
     with op.batch_alter_table("runs") as batch:
-        batch.add_column(sa.Column("program_version_id", sa.String(36), nullable=True))
+        for column in ("requested_program_version_id", "program_version_id"):
+            batch.add_column(sa.Column(column, sa.String(36), nullable=True))
+            batch.create_foreign_key(f"fk_runs_{column}", "program_versions", [column], ["id"])
 
 
 def downgrade() -> None:
     with op.batch_alter_table("runs") as batch:
-        batch.drop_column("program_version_id")
+        for column in ("program_version_id", "requested_program_version_id"):
+            batch.drop_constraint(f"fk_runs_{column}", type_="foreignkey")
+            batch.drop_column(column)
     op.drop_index("uq_program_versions_one_active", table_name="program_versions")
     op.drop_index("ix_program_versions_text_sha256", table_name="program_versions")
     op.drop_table("program_versions")

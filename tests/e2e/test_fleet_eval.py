@@ -161,15 +161,28 @@ def test_rated_answers_export_as_a_dataset_eval_can_run(eval_stack: Stack) -> No
             body = {"run_id": row["run_id"], "rating": rating, **({"comment": comment} if comment else {})}
             sent = client.post(f"/api/sessions/{row['session_id']}/traces/feedback", json=body)
             assert sent.status_code == 201, sent.text
-    done = fleet_eval(folder, "export-feedback", "--out", "feedback.jsonl", env=eval_stack.env)
+    done = fleet_eval(
+        folder, "export-feedback", "--out", "feedback.jsonl", "--all-tenants", env=eval_stack.env
+    )
     assert done.returncode == 0, done.stderr
     exported = [json.loads(line) for line in (folder / "feedback.jsonl").read_text().splitlines()]
     by_request = {row["request"]: row for row in exported}
     approved, rejected = by_request["What is 37 * 91?"], by_request["What is 2 + 2?"]
     assert approved["expected"] == rows["mul"]["answer"] and approved["metric"]["name"] == "judge"
-    assert "expected" not in rejected and "that is not 5" in rejected["metric"]["rubric"]
+    assert "expected" not in rejected and "'that is not 5'" in rejected["metric"]["rubric"]  # quoted
+    assert (folder / "feedback.jsonl").stat().st_mode & 0o777 == 0o600
     assert rows["wrong"]["answer"] in rejected["metric"]["rubric"]
     assert load_dataset(folder / "feedback.jsonl").rows  # a dataset `fleet eval run` takes
-    ups = fleet_eval(folder, "export-feedback", "--out", "up.jsonl", "--rating", "up", env=eval_stack.env)
+    ups = fleet_eval(
+        folder,
+        "export-feedback",
+        "--out",
+        "up.jsonl",
+        "--rating",
+        "up",
+        "--tenant",
+        "default",
+        env=eval_stack.env,
+    )
     assert ups.returncode == 0 and len((folder / "up.jsonl").read_text().splitlines()) >= 1
     assert all("expected" in json.loads(line) for line in (folder / "up.jsonl").read_text().splitlines())

@@ -118,3 +118,35 @@ def turn(stack: Stack, text: str) -> tuple[str, str]:
         items = client.get(f"/api/sessions/{session}/turns").json()["items"]
     answer = "".join(p.get("text", "") for p in items[-1]["parts"] if p["type"] == "text")
     return answer, run["program_version_id"]
+
+
+def test_a_budget_too_small_or_a_failing_reflection_lm_stops_it_before_any_turn(
+    provider_stack: Stack, provider: FakeProvider
+) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="fleet-optimize-"))
+    rows = [{"id": word, "request": f"Say this word: {word}", "expected": word} for word in WORDS]
+    (folder / "words.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = (
+        "optimize",
+        "--dataset",
+        "words.jsonl",
+        "--api-url",
+        provider_stack.url,
+        "--reflection-profile",
+        "local",
+    )
+    with httpx.Client(base_url=provider_stack.url) as client:
+        before = client.get("/api/programs").json()["items"]
+
+    seen = len(provider.requests)
+    small = run_fleet(folder, provider_stack, *args, "--budget", "5")
+    assert small.returncode == 2 and "--budget 5 is below 9" in small.stderr
+    assert len(provider.requests) == seen  # not even the reflection LM was asked
+
+    provider.statuses = [401] * 5  # the reflection LM's key is refused
+    refused = run_fleet(folder, provider_stack, *args, "--budget", "30")
+    provider.statuses = []
+    assert refused.returncode == 2 and "the reflection LM failed" in refused.stderr
+    with httpx.Client(base_url=provider_stack.url) as client:
+        assert client.get("/api/programs").json()["items"] == before  # no Turn ran, nothing stored
+    assert not list(folder.glob("optimize-*.json"))

@@ -206,7 +206,8 @@ async def test_start_run_is_atomic_and_duplicates_do_nothing(
 
     async def start() -> Run | None:
         async with sessions() as db:
-            return await db.run_sync(runs.start_run_on, run_id)
+            started = await db.run_sync(runs.start_run_on, run_id)
+            return started.run if started is not None else None
 
     results = await asyncio.gather(start(), start(), start())
     started = [r for r in results if r is not None]
@@ -219,8 +220,9 @@ async def test_commit_is_fenced_by_attempt(sessions: async_sessionmaker[AsyncSes
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
         claimed = await claim(db, session_id, "k")
         assert isinstance(claimed, claims.Claimed)
-        run = await db.run_sync(runs.start_run_on, claimed.run.id)
-        assert run is not None
+        started = await db.run_sync(runs.start_run_on, claimed.run.id)
+        assert started is not None
+        run = started.run
         run_id, attempt, user_sequence = run.id, run.attempt, run.user_sequence
         events = [
             Reasoning(run_id=run_id, seq=1, part_id="r1", text="think"),
@@ -310,8 +312,9 @@ async def test_take_over_bumps_the_attempt_and_fences_the_old_owner(
         session_id = (await queries.create_session(db, "t", OPERATOR)).id
         claimed = await claim(db, session_id, "k")
         assert isinstance(claimed, claims.Claimed)
-        run = await db.run_sync(runs.start_run_on, claimed.run.id)
-        assert run is not None and run.attempt == 1
+        started = await db.run_sync(runs.start_run_on, claimed.run.id)
+        assert started is not None and started.run.attempt == 1
+        run = started.run
         run_id, user_sequence = run.id, run.user_sequence
         assert await runs.take_over_run(db, run_id, attempt=1) is True
         assert await runs.take_over_run(db, run_id, attempt=1) is False  # only one taker

@@ -29,7 +29,11 @@ WRITES_AN_ARTIFACT = (
 IDS = ("session_id", "run_id", "artifact_id", "attachment_id")
 # Skills are shared, read-only, by every tenant; program versions are the deployment's, for
 # callers with the `admin` scope only (checked below, and in test_program_versions.py).
-SHARED = {("GET", "/api/skills/{skill_id}"), ("GET", "/api/programs/{version_id}")}
+SHARED = {
+    ("GET", "/api/skills/{skill_id}"),
+    ("GET", "/api/programs/{version_id}"),
+    ("PATCH", "/api/programs/{version_id}"),
+}
 
 
 def in_tokens_mode(settings: Settings, tokens: Path) -> Settings:

@@ -278,8 +278,9 @@ async def test_a_worker_publishes_its_committed_ending_after_redis_lost_everythi
     harness: Harness = harness_factory(ROOT_PRINT, ROOT_SUBMIT)
     run_id = await harness.submit(enqueue=False)
     async with harness.db_sessions() as db:
-        run = await db.run_sync(runs.start_run_on, run_id)
-        assert run is not None
+        started = await db.run_sync(runs.start_run_on, run_id)
+        assert started is not None
+        run = started.run
     listen = listener(harness.settings.redis_url)
     deps = SimpleNamespace(
         settings=harness.settings,

@@ -79,7 +79,7 @@ async def act(db: AsyncSession, args: argparse.Namespace) -> int:
             print("fleet: no version was active before the current one", file=sys.stderr)
             return 1
         wanted = previous.id
-    activated = await programs.activate_on(db, wanted)
+    activated = await programs.activate_on(db, wanted, rollback=action == "rollback")
     if activated is None:
         return missing(wanted)
     await db.commit()

@@ -13,6 +13,7 @@ def run_sandbox(action: str, environ: Mapping[str, str]) -> int:
     settings = load_settings(environ, lm_credentials=False)
     from fleet_worker.sandbox.jail import local_sandbox_config, resolve_python
     from fleet_worker.sandbox.python_env import EnvironmentUnavailable, ensure_environment, environments_dir
+    from fleet_worker.sandbox.trust import sandbox_roots
 
     assert action == "build"
     sandbox = settings.profile.sandbox
@@ -28,7 +29,11 @@ def run_sandbox(action: str, environ: Mapping[str, str]) -> int:
     started = time.monotonic()
     try:
         built = ensure_environment(
-            sandbox.python.packages, python, root, on_output=lambda line: print(f"  {line}", flush=True)
+            sandbox.python.packages,
+            python,
+            root,
+            on_output=lambda line: print(f"  {line}", flush=True),
+            sandbox_roots=sandbox_roots(settings),
         )
     except EnvironmentUnavailable as exc:
         print(f"fleet: {exc}", file=sys.stderr)

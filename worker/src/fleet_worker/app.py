@@ -39,6 +39,7 @@ from fleet_worker.sandbox.local import LocalSandboxProvider
 from fleet_worker.sandbox.provider import SandboxProvider
 from fleet_worker.sandbox.python_env import with_packages
 from fleet_worker.sandbox.sync import VersionedFolders
+from fleet_worker.sandbox.trust import sandbox_roots
 from fleet_worker.turn import WorkerDeps, run_turn
 from fleet_worker.workspace_objects import WorkspaceObjects
 
@@ -63,13 +64,13 @@ def sandbox_provider(settings: Settings, blobs: BlobStore | None = None) -> Sand
 
         return daytona_provider(settings, objects=workspace_objects(settings, blobs))
     # Where sandboxed code writes on this host: the interpreter must never come from there.
-    roots = (settings.data_dir, settings.workspaces_dir, relocated_root(settings.workspaces_dir))
+    roots = sandbox_roots(settings)
     sandbox = settings.profile.sandbox
-    local = with_packages(local_sandbox_config(sandbox.local), sandbox.python)
+    local = with_packages(local_sandbox_config(sandbox.local), sandbox.python, sandbox_roots=roots)
     provider = LocalSandboxProvider(
         local,
         caps=Caps.from_rlm(settings.profile.rlm),
-        sandbox_roots=(*roots, settings.blobs_dir),
+        sandbox_roots=roots,
         versions=VersionedFolders(workspace_objects(settings, blobs), local.workspace_files),
     )
     provider.check()

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.blobs import BlobStore
 from fleet_shared.config import Settings
-from fleet_shared.db import programs, queries, runs, workspace_versions
+from fleet_shared.db import queries, runs, workspace_versions
 from fleet_shared.db.engine import run_whole
 from fleet_shared.event_log import RunLog, lease_token
 from fleet_shared.events import ChildProgress, RunWarning, StatusChanged
@@ -181,9 +181,10 @@ def start_and_load(
 ) -> Claim | None:
     """The Run started (fenced: a duplicate job finds it no longer queued), then what the Turn
     needs of its session: the checkpoint, the task and the latest workspace version."""
-    run = runs.start_run_on(db, run_id)
-    if run is None:
+    started = runs.start_run_on(db, run_id)
+    if started is None:
         return None
+    run, instructions = started
     found = workspace_versions.session_state_on(db, run.session_id, manifests)
     assert found is not None
     session, workspace = found
@@ -201,7 +202,7 @@ def start_and_load(
         traceparent=run.traceparent,
         approval=cast(ApprovalMode, run.approval or session.approval or "never"),
         program_version_id=run.program_version_id,
-        instructions=programs.text_of_on(db, run.program_version_id),
+        instructions=instructions,
     )
 
 

@@ -9,7 +9,7 @@ import socket
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -60,7 +60,11 @@ def add_parser(command: argparse.ArgumentParser) -> None:
     )
     export.add_argument("--out", type=Path, required=True)
     export.add_argument("--rating", choices=("up", "down", "all"), default="all")
-    export.add_argument("--tenant", help="only this tenant's sessions")
+    whose = export.add_mutually_exclusive_group(required=True)
+    whose.add_argument("--tenant", help="only this tenant's sessions")
+    whose.add_argument(
+        "--all-tenants", action="store_true", help="every tenant's (their words mix in one file)"
+    )
     generate = actions.add_parser("generate", help="write a seeded synthetic dataset (niah, oolong)")
     generate.add_argument("kind", choices=KINDS)
     generate.add_argument("--rows", type=positive, default=10)
@@ -247,7 +251,7 @@ def add_optimize_parser(command: argparse.ArgumentParser) -> None:
 
 def run_optimize(args: argparse.Namespace) -> int:
     from fleet_cli.evals.gateway import Gateway, TurnRefused
-    from fleet_cli.evals.optimize import optimize, reflection_lm_of
+    from fleet_cli.evals.optimize import OptimizeError, optimize, reflection_lm_of
     from fleet_cli.evals.runner import Target, write_receipt
 
     try:
@@ -272,21 +276,29 @@ def run_optimize(args: argparse.Namespace) -> int:
 
     def run(target: Target) -> int:
         gateway = Gateway(target.url, target.token, args.timeout, connections=args.concurrency + 4)
+        report: dict[str, Any] = {
+            "kind": "fleet-optimize/1",
+            "dataset": str(dataset.path),
+            "completed": False,
+        }
         try:
             gateway.check_access()
-            report = optimize(
-                dataset, gateway, default_metric=default, reflection_lm=reflection, budget=args.budget,
-                val_fraction=args.val_fraction, seed=args.seed, concurrency=args.concurrency, judge=judge,
+            optimize(
+                dataset, gateway, report, default_metric=default, reflection_lm=reflection,
+                budget=args.budget, val_fraction=args.val_fraction, seed=args.seed,
+                concurrency=args.concurrency, judge=judge,
             )  # fmt: skip
+            report["completed"] = True
         except TurnRefused as exc:
-            print(
-                f"fleet: the gateway refused the optimizer (it needs the `admin` scope): {exc}",
-                file=sys.stderr,
-            )
+            print(f"fleet: the gateway refused the optimizer (it needs `admin`): {exc}", file=sys.stderr)
+            return 2
+        except OptimizeError as exc:
+            print(f"fleet: {exc}", file=sys.stderr)
             return 2
         finally:
             gateway.close()
-        write_receipt({"kind": "fleet-optimize/1", "dataset": str(dataset.path), **report}, out)
+            if "active" in report:  # it started: what it stored is in the report, whatever happened
+                write_receipt(report, out)
         active = report["active"]
         print(f"active {active['id']}: validation score {active['validation_score']}")
         for candidate in report["candidates"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ def feedback_row(
         row["expected"] = text_of(answer)
         row["metric"] = {"name": "judge", "rubric": APPROVED_RUBRIC + note}
     else:
-        comment = f" (their comment: {feedback.comment})" if feedback.comment else ""
+        comment = f" (their comment, quoted: {feedback.comment[:1000]!r})" if feedback.comment else ""
         rubric = (
             f"A user rejected this answer{comment}: {text_of(answer)[:4000]!r}. "
             f"A good answer does better than it.{note}"
@@ -77,7 +78,10 @@ def export_feedback(environ: Mapping[str, str], out: Path, rating: str, tenant: 
 
     rows = asyncio.run(run())
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    # Users' words, perhaps several tenants': readable by its owner only.
+    descriptor = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as written:
+        written.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     print(
         f"wrote {len(rows)} rows to {out} (score them with `fleet eval run {out} --judge-profile <profile>`)"
     )

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from fleet_gateway.auth import PRINCIPAL_STATE
 from fleet_gateway.errors import ApiError, not_found
+from fleet_gateway.origins import from_this_host
 from fleet_gateway.state import GatewayState
 from fleet_gateway.streaming import iso
 from fleet_shared.db import programs
@@ -82,9 +83,13 @@ class ActiveProgram(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 async def require_admin(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
+    """The `admin` scope; and a change never from a web page, even an allowed origin's: the
+    text every tenant's Runs follow is as much the operator's as the settings are."""
     principal = connection.state.get(PRINCIPAL_STATE)
     if not isinstance(principal, Principal) or not principal.may(ADMIN):
         raise ApiError(403, "forbidden", "program versions need the `admin` scope")
+    if connection.scope.get("method", "GET") != "GET" and not from_this_host(connection.headers.items()):
+        raise ApiError(403, "origin_not_allowed", "program versions are never changed from a web page")
 
 
 class ProgramController(Controller):

@@ -100,7 +100,7 @@ CLAIM_CONTEXT_EXCLUSIVE = CLAIM_CONTEXT.with_for_update(of=SESSIONS)
 CLAIMED_COLUMNS = (
     "id", "session_id", "status", "attempt", "idempotency_key", "request_fingerprint", "model",
     "user_sequence", "last_seq", "created_at", "traceparent", "webhook_url", "approval",
-    "program_version_id",
+    "requested_program_version_id",
 )  # fmt: skip
 INSERT_RUN_IF_ACTIVE = insert(RUNS).from_select(
     list(CLAIMED_COLUMNS),
@@ -284,7 +284,7 @@ def insert_claim(connection: Connection, request: ClaimRequest) -> Claimed | Cla
         "request_fingerprint": request.fingerprint, "model": request.model,
         "user_sequence": context.last_sequence + 1, "last_seq": 0, "created_at": stamp,
         "traceparent": request.traceparent, "webhook_url": request.webhook_url,
-        "approval": request.approval, "program_version_id": request.program_version_id,
+        "approval": request.approval, "requested_program_version_id": request.program_version_id,
     }  # fmt: skip
     # On SQLite the INSERT takes the write lock, so no archive lands before our commit; on
     # PostgreSQL an archive committed before this statement is seen here (READ COMMITTED reads
@@ -328,7 +328,7 @@ def wait_behind(connection: Connection, request: ClaimRequest) -> Claimed | Clai
         "idempotency_key": request.idempotency_key, "request_fingerprint": request.fingerprint,
         "model": request.model, "last_seq": 0, "created_at": utcnow(), "traceparent": request.traceparent,
         "webhook_url": request.webhook_url, "approval": request.approval,
-        "program_version_id": request.program_version_id,
+        "requested_program_version_id": request.program_version_id,
     }  # fmt: skip
     result = waiting.insert_waiting(connection, values, request.parts, request.waiting_limit)
     match result:

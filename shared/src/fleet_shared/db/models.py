@@ -138,9 +138,13 @@ class Run(Base):
     webhook_url: Mapped[str | None] = mapped_column(String(2048), default=None)
     # The Turn's `approval`; NULL: its session's, as the worker finds it when the Run starts.
     approval: Mapped[str | None] = mapped_column(String(16), default=None)
-    # The program version it ran (fleet_shared.db.programs): the Turn's, else the one active when
-    # it started; NULL for a Run that never started, or of a database with no version.
-    program_version_id: Mapped[str | None] = mapped_column(String(36), default=None)
+    # The program version its Turn asked for (admin only); NULL: the active one when it starts.
+    requested_program_version_id: Mapped[str | None] = mapped_column(
+        ForeignKey("program_versions.id"), default=None
+    )
+    # The program version it ran (fleet_shared.db.programs), written by the UPDATE that starts it;
+    # NULL for a Run that never started, or of a database with no version.
+    program_version_id: Mapped[str | None] = mapped_column(ForeignKey("program_versions.id"), default=None)
 
 
 class Turn(Base):
@@ -283,7 +287,9 @@ class ProgramVersion(Base):
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    parent_id: Mapped[str | None] = mapped_column(String(36), default=None)
+    parent_id: Mapped[str | None] = mapped_column(ForeignKey("program_versions.id"), default=None)
+    # The version active before its first activation: what a rollback from it goes back to.
+    replaced_id: Mapped[str | None] = mapped_column(ForeignKey("program_versions.id"), default=None)
     text: Mapped[str] = mapped_column(Text)
     text_sha256: Mapped[str] = mapped_column(String(64), index=True)
     status: Mapped[str] = mapped_column(String(16))

@@ -6,19 +6,20 @@ optimizer writes candidates only."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import ScalarSelect, select, update
+from sqlalchemy import ScalarSelect, false, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db.models import ProgramVersion, utcnow
 from fleet_shared.program_text import SHIPPED_INSTRUCTIONS, text_sha256
 
 ACTIVE, CANDIDATE, RETIRED = "active", "candidate", "retired"
 SHIPPED_BY = "fleet"  # created_by of a version seeded from the text fleet ships
+PROGRAMS_LOCK = 0x666C656574_01  # pg_advisory_xact_lock key: "fleet" + 1
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,6 @@ class Seeded:
 def active_version_id() -> ScalarSelect[str]:
     """The active version's id, as a subquery (NULL when there is none)."""
     return select(ProgramVersion.id).where(ProgramVersion.status == ACTIVE).scalar_subquery()
-
-
-def text_of_on(db: OrmSession, version_id: str | None) -> str | None:
-    """A version's instructions, on a synchronous session (the worker's start of a Run)."""
-    if version_id is None:
-        return None
-    return db.scalar(select(ProgramVersion.text).where(ProgramVersion.id == version_id))
 
 
 async def list_versions(db: AsyncSession) -> list[ProgramVersion]:
@@ -61,7 +55,9 @@ async def add_candidate(
     notes: str | None = None,
     validation: dict[str, Any] | None = None,
 ) -> ProgramVersion:
-    """A new candidate (never active); committed by the caller."""
+    """A new candidate (never active); committed by the caller. Its text is kept as a signature's
+    instructions are read (inspect.cleandoc), so the stored bytes are the ones the RLM runs."""
+    text = inspect.cleandoc(text)
     version = ProgramVersion(
         id=str(uuid.uuid4()),
         parent_id=parent_id,
@@ -78,33 +74,48 @@ async def add_candidate(
     return version
 
 
-async def activate_on(db: AsyncSession, version_id: str) -> ProgramVersion | None:
+async def exclusive(db: AsyncSession) -> None:
+    """Activations and seeds one at a time across every process: a transaction-long advisory
+    lock on PostgreSQL, SQLite's write lock (taken by a write that changes nothing) there."""
+    if db.get_bind().dialect.name == "postgresql":
+        await db.execute(select(func.pg_advisory_xact_lock(PROGRAMS_LOCK)))
+    else:
+        await db.execute(update(ProgramVersion).where(false()).values(status=ProgramVersion.status))
+
+
+async def activate_on(db: AsyncSession, version_id: str, *, rollback: bool = False) -> ProgramVersion | None:
     """Make `version_id` the active version (the one active so far is retired), in the caller's
-    transaction; None when no such version exists. Runs already started keep theirs."""
-    version = await db.get(ProgramVersion, version_id, with_for_update=True)
+    transaction; None when no such version exists. Runs already started keep theirs. A version
+    active for the first time remembers the one it replaced; a rollback's does not change."""
+    await exclusive(db)
+    version = await db.get(ProgramVersion, version_id, populate_existing=True)
     if version is None:
         return None
     if version.status != ACTIVE:
-        await db.execute(update(ProgramVersion).where(ProgramVersion.status == ACTIVE).values(status=RETIRED))
+        current = await active_version(db)
+        if current is not None:
+            current.status = RETIRED
+            await db.flush()  # before the new one: one active version at any moment
+        if not rollback and version.replaced_id is None and current is not None:
+            version.replaced_id = current.id
         version.status, version.activated_at = ACTIVE, utcnow()
         await db.flush()
     return version
 
 
 async def previous_version(db: AsyncSession) -> ProgramVersion | None:
-    """The version active before the current one (what a rollback activates), if any."""
-    return await db.scalar(
-        select(ProgramVersion)
-        .where(ProgramVersion.status == RETIRED, ProgramVersion.activated_at.is_not(None))
-        .order_by(ProgramVersion.activated_at.desc())
-        .limit(1)
-    )
+    """What a rollback activates: the version the active one replaced when it first became active."""
+    current = await active_version(db)
+    if current is None or current.replaced_id is None:
+        return None
+    return await db.get(ProgramVersion, current.replaced_id)
 
 
 async def seed_on(db: AsyncSession, text: str = SHIPPED_INSTRUCTIONS) -> Seeded:
     """The shipped instructions as a version, once per text: the active one of a database with
     none, else a candidate (a new release's text waits for an operator to activate it)."""
-    digest = text_sha256(text)
+    await exclusive(db)
+    digest = text_sha256(inspect.cleandoc(text))
     present = await db.scalar(
         select(ProgramVersion).where(
             ProgramVersion.text_sha256 == digest, ProgramVersion.created_by == SHIPPED_BY

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import structlog
@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as OrmSession
 
 from fleet_shared.db import waiting, webhooks, workspace_versions
-from fleet_shared.db.models import DELETED, Artifact, Run, RunEventRow, Session, Turn, utcnow
+from fleet_shared.db.models import DELETED, Artifact, ProgramVersion, Run, RunEventRow, Session, Turn, utcnow
 from fleet_shared.db.programs import active_version_id
 from fleet_shared.db.queries import get_run
 from fleet_shared.db.workspace_versions import WorkspaceChange
@@ -83,20 +83,35 @@ def decision_update(
     return bool(getattr(result, "rowcount", 0) == 1)
 
 
-def start_run_on(db: OrmSession, run_id: str) -> Run | None:
+class StartedRun(NamedTuple):
+    run: Run
+    instructions: str | None  # its program version's text; None: no version (the shipped text)
+
+
+def start_run_on(db: OrmSession, run_id: str) -> StartedRun | None:
     """queued → running, bumping `attempt`, on a synchronous session (the worker runs it through
     fleet_shared.db.engine.run_whole); None when the Run is not queued (a duplicate job), or its
     session was deleted (the purge removes it)."""
     start = RunCommand.START
     live = Run.session_id.in_(select(Session.id).where(Session.status != DELETED))
     decision = decide(RunStatus.QUEUED, start)
-    # The program it runs: the Turn's own version, else the one active now (recorded for good).
-    program = {"program_version_id": func.coalesce(Run.program_version_id, active_version_id())}
+    # The program it runs: the Turn's own version, else the one active now (recorded for good,
+    # by the worker that reads its text: a worker too old to know versions leaves it NULL).
+    program = {"program_version_id": func.coalesce(Run.requested_program_version_id, active_version_id())}
     moved = decision_update(
         db, run_id, decision=decision, command=start, attempt=None, values=program, also=live
     )
     db.commit()
-    return db.get(Run, run_id, populate_existing=True) if moved else None
+    if not moved:
+        return None
+    # The Run and its program's text (None: no version) in the read that reloads the Run anyway.
+    found = db.execute(
+        select(Run, ProgramVersion.text)
+        .outerjoin(ProgramVersion, ProgramVersion.id == Run.program_version_id)
+        .where(Run.id == run_id)
+        .execution_options(populate_existing=True)
+    ).one()
+    return StartedRun(found[0], found[1])
 
 
 async def take_over_run(db: AsyncSession, run_id: str, attempt: int) -> bool:

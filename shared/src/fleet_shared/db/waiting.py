@@ -37,7 +37,7 @@ IS_ACTIVE = text(f"runs.{ACTIVE_SQL}")
 WAITING_COLUMNS = (
     "id", "session_id", "status", "attempt", "idempotency_key", "request_fingerprint", "model",
     "user_sequence", "last_seq", "created_at", "traceparent", "webhook_url", "approval", "waiting_parts",
-    "program_version_id",
+    "requested_program_version_id",
 )  # fmt: skip
 SESSION_RUNS = RUNS.c.session_id == bindparam("session_id")
 NEXT_PLACE = (

@@ -49,6 +49,7 @@ from fleet_worker.sandbox.python_env import (
 )
 from fleet_worker.sandbox.removal import remove_tree
 from fleet_worker.sandbox.syscalls import build_filter
+from fleet_worker.sandbox.trust import sandbox_roots, untrusted_interpreter
 from fleet_worker.sandbox.volumes import WorkspaceVolumes
 
 # The doctor must answer within a bounded time, whatever the profile allows a real cell.
@@ -92,7 +93,9 @@ def check_sandbox(settings: Settings) -> list[Check]:
         detail = "sandbox.provider = daytona: `fleet doctor daytona` runs a cell in a disposable sandbox"
         return [Check(name="sandbox", status="skip", detail=detail)]
     cfg = doctor_config(local_sandbox_config(settings.profile.sandbox.local))
-    packages, cfg, distributions = check_packages(cfg, settings.profile.sandbox.python)
+    packages, cfg, distributions = check_packages(
+        cfg, settings.profile.sandbox.python, sandbox_roots(settings)
+    )
     try:
         view = inspect()
     except OSError as exc:
@@ -111,7 +114,7 @@ def check_sandbox(settings: Settings) -> list[Check]:
 
 
 def check_packages(
-    cfg: LocalSandboxConfig, section: SandboxPythonSection
+    cfg: LocalSandboxConfig, section: SandboxPythonSection, roots: tuple[Path, ...] = ()
 ) -> tuple[Check, LocalSandboxConfig, int | None]:
     """Whether this host has the profile's packages built (the doctor never builds them); the
     config the cell check runs with (theirs mounted, as a worker would), and how many
@@ -121,8 +124,15 @@ def check_packages(
         detail = "no packages: cells have the standard library only"
         return Check(name=name, status="ok", detail=detail), cfg, None
     root = environments_dir()
+    python = resolve_python(cfg)
+    distrust = untrusted_interpreter(python, roots)  # never run before it is found trusted
+    if distrust is not None:
+        return (
+            Check(name=name, status="fail", detail=distrust, fix="set sandbox.local.python to auto"),
+            cfg,
+            None,
+        )
     try:
-        python = resolve_python(cfg)
         key = environment_key(section.packages, python, interpreter_version(python))
     except EnvironmentUnavailable as exc:
         fix = "install python3 or set sandbox.local.python"

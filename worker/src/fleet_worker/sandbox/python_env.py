@@ -37,7 +37,7 @@ import structlog
 
 from fleet_shared.config import SandboxPythonSection
 from fleet_worker.sandbox.jail import LocalSandboxConfig, resolve_python
-from fleet_worker.sandbox.trust import untrusted_path
+from fleet_worker.sandbox.trust import untrusted_interpreter, untrusted_path
 
 log = structlog.get_logger(__name__)
 
@@ -134,12 +134,18 @@ def ensure_environment(
     *,
     on_output: Callable[[str], None] | None = None,
     timeout: float = BUILD_TIMEOUT_SECONDS,
+    sandbox_roots: Sequence[Path] = (),
 ) -> PythonEnvironment | None:
     """The environment for `packages` on `python`, built now if this host has none (None for
     an empty list). `on_output` gets uv's progress lines; EnvironmentUnavailable says why there
     is none (a folder that cannot be trusted, a build that failed or took past `timeout`)."""
     if not packages:
         return None
+    # Never run an interpreter on the host before it is found trusted: one a cell planted in a
+    # folder sandboxes write (`sandbox_roots`) would run as the worker (the attack chain).
+    distrust = untrusted_interpreter(python, sandbox_roots)
+    if distrust is not None:
+        raise EnvironmentUnavailable(distrust)
     root = root or environments_dir()
     key = environment_key(packages, python, interpreter_version(python))
     try:
@@ -323,7 +329,11 @@ def make_writable(root: Path) -> None:
 
 
 def with_packages(
-    cfg: LocalSandboxConfig, section: SandboxPythonSection, root: Path | None = None
+    cfg: LocalSandboxConfig,
+    section: SandboxPythonSection,
+    root: Path | None = None,
+    *,
+    sandbox_roots: Sequence[Path] = (),
 ) -> LocalSandboxConfig:
     """`cfg` with the profile's packages mounted, built now if this host has none. A build that
     fails leaves cells the standard library only, said in the log with the way to mend it."""
@@ -336,6 +346,7 @@ def with_packages(
             root,
             on_output=lambda line: log.info("sandbox.python_build", output=line),
             timeout=START_BUILD_TIMEOUT_SECONDS,
+            sandbox_roots=sandbox_roots,
         )
     except EnvironmentUnavailable as exc:
         log.warning(

@@ -16,6 +16,16 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from fleet_shared.config import Settings
+from fleet_shared.workspaces import relocated_root
+
+
+def sandbox_roots(settings: Settings) -> tuple[Path, ...]:
+    """Where sandboxed code writes on this host: the data dir, the workspaces (and where they are
+    moved when a sandbox uid cannot reach them), the local blob store."""
+    workspaces = settings.workspaces_dir
+    return (settings.data_dir, workspaces, relocated_root(workspaces), settings.blobs_dir)
+
 
 def untrusted_interpreter(python: str, sandbox_roots: Iterable[Path]) -> str | None:
     """Why `python` must not be run by the worker, or None when it may be."""
