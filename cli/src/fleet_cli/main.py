@@ -8,12 +8,13 @@ import asyncio
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 
 import structlog
 
+from fleet_cli import quality
 from fleet_cli.granian_compat import GRANIAN_LOGS_THROUGH_STRUCTLOG
 from fleet_cli.sides import refuse_without
 from fleet_shared.auth_settings import is_loopback
@@ -75,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of /metrics and /health, 0 for none (default: worker.metrics_port)",
     )
 
-    answer_quality_commands(command)
+    quality.add_commands(command)
 
     daytona = command("daytona", "Daytona sandboxes (sandbox.provider = daytona)")
     daytona_commands = daytona.add_subparsers(dest="daytona_command", required=True)
@@ -119,26 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands.add_parser("upgrade", help="migrate the database to head")
     db_commands.add_parser("check", help="exit 1 unless the database is at head")
     return parser
-
-
-def answer_quality_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """`fleet sandbox` (the cells' packages), `fleet eval` and `fleet program`."""
-    sandbox = command("sandbox", "the local sandbox's Python packages (sandbox.python.packages)")
-    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
-    sandbox_commands.add_parser(
-        "build", help="build the packages' read-only environment on this host (once per package set)"
-    )
-    from fleet_cli.evals.command import add_parser as add_eval_parser
-
-    add_eval_parser(command("eval", "run a dataset as Turns and score the answers; compare two receipts"))
-    from fleet_cli.programs import add_parser as add_program_parser
-
-    add_program_parser(command("program", "the RLM's program versions: list, add, activate, roll back"))
-    from fleet_cli.evals.command import add_optimize_parser
-
-    add_optimize_parser(
-        command("optimize", "dspy.GEPA over the RLM's instructions on real Turns; stores candidates only")
-    )
 
 
 def listen_address(parser: argparse.ArgumentParser) -> None:
@@ -202,22 +183,8 @@ def dispatch(args: argparse.Namespace) -> int:
         from fleet_cli.daytona import run_daytona
 
         return run_daytona(args.daytona_command if args.command == "daytona" else "doctor")
-    if args.command == "optimize":
-        from fleet_cli.evals.command import run_optimize
-
-        return run_optimize(args)
-    if args.command == "program":
-        from fleet_cli.programs import run_program_command
-
-        return run_program_command(args, db_only_env())
-    if args.command == "eval":
-        from fleet_cli.evals.command import run_eval
-
-        return run_eval(args)
-    if args.command == "sandbox":
-        from fleet_cli.sandbox import run_sandbox
-
-        return run_sandbox(args.sandbox_command, db_only_env())
+    if args.command in quality.COMMANDS:
+        return quality.run_command(args, db_only_env())
     if args.command == "doctor":
         from fleet_cli.doctor import run_doctor
 
