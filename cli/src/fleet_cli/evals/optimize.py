@@ -63,6 +63,10 @@ class Candidates:
                 self.by_text[text] = stored["id"]
             return self.by_text[text]
 
+    def count_unanswered(self, version: str) -> None:
+        with self.lock:  # GEPA evaluates rows on several threads
+            self.unanswered[version] += 1
+
     def stored(self) -> list[dict[str, Any]]:
         return [{"id": i, "text_sha256": text_sha256(t)} for t, i in self.by_text.items()]
 
@@ -121,10 +125,10 @@ def optimize(
         try:
             answered = gateway.answer(dataset, rows[row_id], label, version)
         except (TurnRefused, httpx.HTTPError, OSError, ValueError, KeyError):
-            candidates.unanswered[version] += 1  # scored 0 by GEPA, and said in the report
+            candidates.count_unanswered(version)  # scored 0 by GEPA, and said in the report
             raise
         if answered.run.get("status") != "completed":
-            candidates.unanswered[version] += 1
+            candidates.count_unanswered(version)
             return ""
         return answered.answer
 
