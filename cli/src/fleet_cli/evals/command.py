@@ -117,11 +117,7 @@ def run_dataset_command(args: argparse.Namespace) -> int:
     except DatasetError as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 2
-    judge = None
-    if args.judge_profile:
-        from fleet_cli.evals.metrics import litellm_judge
-
-        judge = litellm_judge(args.judge_profile)
+    judge = judge_of(args.judge_profile)
     problem = metric_problem(dataset, default, judge)
     if problem is not None:
         print(f"fleet: {problem}", file=sys.stderr)
@@ -137,6 +133,15 @@ def run_dataset_command(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def judge_of(profile: str | None) -> Judge | None:
+    """The `--judge-profile`'s root LM as a judge, or None without one."""
+    if not profile:
+        return None
+    from fleet_cli.evals.metrics import litellm_judge
+
+    return litellm_judge(profile)
 
 
 def metric_problem(dataset: Dataset, default: Metric, judge: Judge | None) -> str | None:
@@ -263,11 +268,7 @@ def run_optimize(args: argparse.Namespace) -> int:
     except (DatasetError, msgspec.ValidationError, ValueError) as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 2
-    judge = None
-    if args.judge_profile:
-        from fleet_cli.evals.metrics import litellm_judge
-
-        judge = litellm_judge(args.judge_profile)
+    judge = judge_of(args.judge_profile)
     problem = metric_problem(dataset, default, judge)
     if problem is not None:
         print(f"fleet: {problem}", file=sys.stderr)
